@@ -1,0 +1,499 @@
+//! wasq_cli: the `wasq` command line — the daemon verbs (`dev`) that embed wasq-server,
+//! and the client verbs (`deploy`, `run`, `runs`, `functions`) that speak the HTTP API.
+//!
+//! The key decision: client verbs go through the public HTTP API only, so the CLI can never
+//! do what an API user cannot, and every error is one readable line with a non-zero exit.
+//! It is not a library for other programs: use the HTTP API.
+
+mod client;
+mod units;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use client::Client;
+
+#[derive(Debug, Parser)]
+#[command(name = "wasq", version, about = "Run background jobs as sandboxed WebAssembly components")]
+struct Cli {
+    /// The wasq server client verbs talk to.
+    #[arg(long, global = true, env = "WASQ_SERVER", default_value_t = format!("http://127.0.0.1:{}", wasq_server::DEFAULT_PORT))]
+    server: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run everything in one process on an embedded store: API, worker, scheduler.
+    Dev(DevArgs),
+    /// Upload a component (.wasm) as a named function, with its limits and retry policy.
+    Deploy(DeployArgs),
+    /// Start a run of a function.
+    Run(RunArgs),
+    /// Inspect runs.
+    #[command(subcommand)]
+    Runs(RunsCommand),
+    /// Inspect deployed functions.
+    #[command(subcommand)]
+    Functions(FunctionsCommand),
+}
+
+#[derive(Debug, Args)]
+struct DevArgs {
+    /// Address of the HTTP API.
+    #[arg(long, default_value_t = SocketAddr::from(([127, 0, 0, 1], wasq_server::DEFAULT_PORT)))]
+    listen: SocketAddr,
+    /// Folder for the database and the compiled-component cache.
+    #[arg(long, default_value = ".wasq")]
+    data: PathBuf,
+    /// Runs executed at once (default: 4 per core).
+    #[arg(long)]
+    concurrency: Option<usize>,
+    /// How long running attempts may take to finish on Ctrl-C / SIGTERM before they are
+    /// interrupted and put back in the queue.
+    #[arg(long, default_value = "10s", value_parser = units::parse_duration)]
+    shutdown_grace: Duration,
+    /// Log format of the daemon's own logs (on stderr).
+    #[arg(long, value_enum, default_value_t = LogFormat::Pretty)]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Pretty,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, Default, ValueEnum)]
+enum Output {
+    #[default]
+    Table,
+    Json,
+}
+
+#[derive(Debug, Args)]
+struct DeployArgs {
+    /// The component file (built for wasm32-wasip2).
+    file: PathBuf,
+    /// Function name (letters, digits, '-', '_', '.').
+    #[arg(long)]
+    name: String,
+    /// Wall-clock limit per attempt, e.g. 30s, 500ms, 2m.
+    #[arg(long, value_parser = units::parse_duration)]
+    timeout: Option<Duration>,
+    /// Fuel per attempt (about one unit per wasm instruction), e.g. 10000000000 or 1e10.
+    #[arg(long, value_parser = units::parse_count)]
+    fuel: Option<u64>,
+    /// Memory limit per attempt, e.g. 64MiB, 1GiB.
+    #[arg(long, value_parser = units::parse_size)]
+    memory: Option<u64>,
+    /// Attempts in all, the first included (1 = never retry).
+    #[arg(long)]
+    max_attempts: Option<u32>,
+    /// Delay before the first retry; doubles per retry.
+    #[arg(long, value_parser = units::parse_duration)]
+    backoff: Option<Duration>,
+    /// Longest delay between retries.
+    #[arg(long, value_parser = units::parse_duration)]
+    max_backoff: Option<Duration>,
+    #[arg(long, value_enum, default_value_t)]
+    output: Output,
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// Function name.
+    function: String,
+    /// Input JSON, or @FILE to read it from a file.
+    #[arg(long, default_value = "{}")]
+    input: String,
+    /// Wait for the run to end and print its output.
+    #[arg(long)]
+    wait: bool,
+    #[arg(long, value_enum, default_value_t)]
+    output: Output,
+}
+
+#[derive(Debug, Subcommand)]
+enum RunsCommand {
+    /// List runs, newest first.
+    List {
+        #[arg(long)]
+        function: Option<String>,
+        /// queued, running, sleeping, waiting, succeeded, failed or cancelled.
+        #[arg(long)]
+        status: Option<String>,
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// Show one run: status, output, error, attempts, steps.
+    Show {
+        id: String,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// Print a run's log lines.
+    Logs {
+        id: String,
+        /// Keep printing new lines until the run ends.
+        #[arg(long, short)]
+        follow: bool,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum FunctionsCommand {
+    /// List deployed functions.
+    List {
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// Show one function and its settings.
+    Show {
+        name: String,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
+}
+
+/// Parses arguments, runs the command, and turns any error into one line and exit code 1.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {}", one_line(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// "outer: inner: root", the way anyhow's `{:#}` prints a chain, on one line.
+fn one_line(e: &anyhow::Error) -> String {
+    format!("{e:#}").replace('\n', " ")
+}
+
+async fn dispatch(cli: Cli) -> Result<ExitCode> {
+    let client = || Client::new(&cli.server);
+    match cli.command {
+        Command::Dev(args) => dev(args).await,
+        Command::Deploy(args) => deploy(client()?, args).await,
+        Command::Run(args) => run(client()?, args).await,
+        Command::Runs(RunsCommand::List { function, status, limit, output }) => {
+            let mut query = vec![("limit", limit.to_string())];
+            query.extend(function.map(|f| ("function", f)));
+            query.extend(status.map(|s| ("status", s)));
+            let runs = client()?.get("/v1/runs", &query).await?;
+            print_runs(&runs, output);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Runs(RunsCommand::Show { id, output }) => {
+            let run = client()?.get(&format!("/v1/runs/{}", client::path_segment(&id)), &[]).await?;
+            print_run(&run, output);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Runs(RunsCommand::Logs { id, follow, output }) => logs(client()?, &id, follow, output).await,
+        Command::Functions(FunctionsCommand::List { output }) => {
+            let fns = client()?.get("/v1/functions", &[]).await?;
+            print_functions(&fns, output);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Functions(FunctionsCommand::Show { name, output }) => {
+            let f = client()?.get(&format!("/v1/functions/{}", client::path_segment(&name)), &[]).await?;
+            match output {
+                Output::Json => println!("{}", pretty(&f)),
+                Output::Table => print_functions(&Value::Array(vec![f]), Output::Table),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,wasmtime=warn,cranelift=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Pretty => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+async fn dev(args: DevArgs) -> Result<ExitCode> {
+    init_logging(args.log_format);
+    let mut config = wasq_server::Config::dev(args.data.clone());
+    config.listen = args.listen;
+    config.shutdown_grace = args.shutdown_grace;
+    if let Some(n) = args.concurrency {
+        config.concurrency = n;
+    }
+    let shutdown = CancellationToken::new();
+    let running = wasq_server::start(config, shutdown.clone())
+        .await
+        .with_context(|| format!("cannot start wasq dev with data in {}", args.data.display()))?;
+    println!(
+        "wasq dev: API on http://{} (data in {}); Ctrl-C to stop",
+        running.addr,
+        args.data.display()
+    );
+    tokio::spawn(stop_on_signal(shutdown));
+    running.wait().await.context("wasq dev stopped with an error")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// First Ctrl-C or SIGTERM: graceful shutdown. Second: exit at once.
+async fn stop_on_signal(shutdown: CancellationToken) {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let signal = async {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+        }
+    };
+    signal.await;
+    eprintln!("wasq: shutting down (finishing running attempts; press Ctrl-C again to quit now)");
+    shutdown.cancel();
+    let _ = tokio::signal::ctrl_c().await;
+    std::process::exit(130);
+}
+
+async fn deploy(client: Client, args: DeployArgs) -> Result<ExitCode> {
+    let bytes = std::fs::read(&args.file).with_context(|| format!("cannot read {}", args.file.display()))?;
+    let mut query = vec![];
+    let ms = |d: Duration| d.as_millis().to_string();
+    query.extend(args.timeout.map(|d| ("timeout_ms", ms(d))));
+    query.extend(args.fuel.map(|f| ("fuel", f.to_string())));
+    query.extend(args.memory.map(|m| ("memory_bytes", m.to_string())));
+    query.extend(args.max_attempts.map(|n| ("max_attempts", n.to_string())));
+    query.extend(args.backoff.map(|d| ("initial_backoff_ms", ms(d))));
+    query.extend(args.max_backoff.map(|d| ("max_backoff_ms", ms(d))));
+    let path = format!("/v1/functions/{}", client::path_segment(&args.name));
+    let f = client.put_bytes(&path, &query, bytes).await?;
+    match args.output {
+        Output::Json => println!("{}", pretty(&f)),
+        Output::Table => println!(
+            "deployed {} (sha256:{}, {})",
+            str_of(&f["name"]),
+            str_of(&f["digest"]).get(..12).unwrap_or_default(),
+            units::format_size(f["size_bytes"].as_u64().unwrap_or(0))
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run(client: Client, args: RunArgs) -> Result<ExitCode> {
+    let input = match args.input.strip_prefix('@') {
+        Some(file) => std::fs::read_to_string(file).with_context(|| format!("cannot read input file {file}"))?,
+        None => args.input.clone(),
+    };
+    serde_json::from_str::<Value>(&input).context("--input is not valid JSON")?;
+    let path = format!("/v1/functions/{}/runs", client::path_segment(&args.function));
+    let run = client.post_json(&path, input).await?;
+    let id = str_of(&run["id"]).to_owned();
+    if !args.wait {
+        match args.output {
+            Output::Json => println!("{}", pretty(&run)),
+            Output::Table => println!("{id}"),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let run = wait_for(&client, &id).await?;
+    if let Output::Json = args.output {
+        println!("{}", pretty(&run));
+    }
+    match str_of(&run["status"]) {
+        "succeeded" => {
+            if let Output::Table = args.output {
+                println!("{}", pretty(&run["output"]));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        status => {
+            let err = &run["error"];
+            bail!(
+                "run {id} {status}: {}: {} (see `wasq runs logs {id}`)",
+                str_of(&err["reason"]),
+                str_of(&err["message"])
+            )
+        }
+    }
+}
+
+/// Polls the run until it ends, showing progress on stderr when it changes.
+async fn wait_for(client: &Client, id: &str) -> Result<Value> {
+    let path = format!("/v1/runs/{}", client::path_segment(id));
+    let mut last_progress = Value::Null;
+    let mut delay = Duration::from_millis(20);
+    loop {
+        let run = client.get(&path, &[]).await?;
+        if matches!(str_of(&run["status"]), "succeeded" | "failed" | "cancelled") {
+            return Ok(run);
+        }
+        if run["progress"] != last_progress && !run["progress"].is_null() {
+            last_progress = run["progress"].clone();
+            let msg = last_progress["message"].as_str().unwrap_or("");
+            eprintln!("[{:>3}%] {msg}", last_progress["percent"]);
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(250));
+    }
+}
+
+async fn logs(client: Client, id: &str, follow: bool, output: Output) -> Result<ExitCode> {
+    let seg = client::path_segment(id);
+    let mut seen = 0usize;
+    loop {
+        let lines = client.get(&format!("/v1/runs/{seg}/logs"), &[("skip", seen.to_string())]).await?;
+        let lines = lines.as_array().cloned().unwrap_or_default();
+        seen += lines.len();
+        for l in &lines {
+            match output {
+                Output::Json => println!("{l}"),
+                Output::Table => println!(
+                    "{} #{} {:<5} {:<6} {}",
+                    units::format_time(l["at"].as_i64().unwrap_or(0)),
+                    l["attempt"],
+                    str_of(&l["level"]),
+                    str_of(&l["source"]),
+                    str_of(&l["message"])
+                ),
+            }
+        }
+        if !follow {
+            return Ok(ExitCode::SUCCESS);
+        }
+        let run = client.get(&format!("/v1/runs/{seg}"), &[]).await?;
+        if matches!(str_of(&run["status"]), "succeeded" | "failed" | "cancelled") && lines.is_empty() {
+            return Ok(ExitCode::SUCCESS);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn str_of(v: &Value) -> &str {
+    v.as_str().unwrap_or("")
+}
+
+fn pretty(v: &Value) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
+}
+
+fn compact(v: &Value, max: usize) -> String {
+    let s = if v.is_null() { String::new() } else { v.to_string() };
+    if s.chars().count() > max { format!("{}…", s.chars().take(max - 1).collect::<String>()) } else { s }
+}
+
+fn table(header: &[&str]) -> comfy_table::Table {
+    let mut t = comfy_table::Table::new();
+    t.load_style(comfy_table::presets::NOTHING).set_header(header.to_vec());
+    t
+}
+
+fn print_runs(runs: &Value, output: Output) {
+    if let Output::Json = output {
+        println!("{}", pretty(runs));
+        return;
+    }
+    let mut t = table(&["ID", "FUNCTION", "STATUS", "ATTEMPT", "CREATED", "RESULT"]);
+    for r in runs.as_array().into_iter().flatten() {
+        let result = if r["error"].is_null() { compact(&r["output"], 48) } else { compact(&r["error"]["reason"], 48) };
+        t.add_row(vec![
+            str_of(&r["id"]).to_owned(),
+            str_of(&r["function"]).to_owned(),
+            str_of(&r["status"]).to_owned(),
+            r["attempt"].to_string(),
+            units::format_time(r["created_at"].as_i64().unwrap_or(0)),
+            result,
+        ]);
+    }
+    println!("{t}");
+}
+
+fn print_run(run: &Value, output: Output) {
+    if let Output::Json = output {
+        println!("{}", pretty(run));
+        return;
+    }
+    let mut t = table(&["FIELD", "VALUE"]);
+    for key in ["id", "function", "status", "attempt", "trigger"] {
+        t.add_row(vec![key.to_owned(), compact(&run[key], 100).trim_matches('"').to_owned()]);
+    }
+    t.add_row(vec!["created".into(), units::format_time(run["created_at"].as_i64().unwrap_or(0))]);
+    if let Some(f) = run["finished_at"].as_i64() {
+        t.add_row(vec!["finished".into(), units::format_time(f)]);
+    }
+    t.add_row(vec!["input".into(), compact(&run["input"], 100)]);
+    t.add_row(vec!["output".into(), compact(&run["output"], 100)]);
+    if !run["error"].is_null() {
+        t.add_row(vec!["error".into(), format!("{}: {}", str_of(&run["error"]["reason"]), str_of(&run["error"]["message"]))]);
+    }
+    println!("{t}");
+    let steps = run["steps"].as_array().cloned().unwrap_or_default();
+    if !steps.is_empty() {
+        let mut t = table(&["STEP", "#", "ATTEMPT", "OUTPUT"]);
+        for s in steps {
+            t.add_row(vec![str_of(&s["name"]).to_owned(), s["occurrence"].to_string(), s["attempt"].to_string(), compact(&s["output"], 60)]);
+        }
+        println!("\n{t}");
+    }
+    let attempts = run["attempts"].as_array().cloned().unwrap_or_default();
+    if !attempts.is_empty() {
+        let mut t = table(&["ATTEMPT", "WORKER", "STARTED", "FUEL", "ERROR"]);
+        for a in attempts {
+            let err = if a["error"].is_null() {
+                String::new()
+            } else {
+                format!("{}: {}", str_of(&a["error"]["reason"]), str_of(&a["error"]["message"]))
+            };
+            t.add_row(vec![
+                a["number"].to_string(),
+                str_of(&a["worker"]).to_owned(),
+                units::format_time(a["started_at"].as_i64().unwrap_or(0)),
+                compact(&a["fuel_used"], 16),
+                err,
+            ]);
+        }
+        println!("\n{t}");
+    }
+}
+
+fn print_functions(fns: &Value, output: Output) {
+    if let Output::Json = output {
+        println!("{}", pretty(fns));
+        return;
+    }
+    let mut t = table(&["NAME", "DIGEST", "SIZE", "TIMEOUT", "FUEL", "MEMORY", "ATTEMPTS", "UPDATED"]);
+    for f in fns.as_array().into_iter().flatten() {
+        let s = &f["settings"];
+        t.add_row(vec![
+            str_of(&f["name"]).to_owned(),
+            str_of(&f["digest"]).get(..12).unwrap_or_default().to_owned(),
+            units::format_size(f["size_bytes"].as_u64().unwrap_or(0)),
+            format!("{}ms", s["limits"]["timeout_ms"]),
+            s["limits"]["fuel"].to_string(),
+            units::format_size(s["limits"]["memory_bytes"].as_u64().unwrap_or(0)),
+            s["retry"]["max_attempts"].to_string(),
+            units::format_time(f["updated_at"].as_i64().unwrap_or(0)),
+        ]);
+    }
+    println!("{t}");
+}

@@ -1,0 +1,356 @@
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::Millis;
+
+/// Runs are identified by UUIDv7 strings: unique across hosts, sortable by creation time.
+pub type RunId = String;
+
+/// The single tenant that exists until multi-tenancy lands.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// Where a run is in its life. `Queued` with a future `due_at` is what the docs call
+/// "scheduled".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Queued,
+    Running,
+    Sleeping,
+    Waiting,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl RunStatus {
+    pub const ALL: [RunStatus; 7] = [
+        RunStatus::Queued,
+        RunStatus::Running,
+        RunStatus::Sleeping,
+        RunStatus::Waiting,
+        RunStatus::Succeeded,
+        RunStatus::Failed,
+        RunStatus::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Queued => "queued",
+            RunStatus::Running => "running",
+            RunStatus::Sleeping => "sleeping",
+            RunStatus::Waiting => "waiting",
+            RunStatus::Succeeded => "succeeded",
+            RunStatus::Failed => "failed",
+            RunStatus::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, RunStatus::Succeeded | RunStatus::Failed | RunStatus::Cancelled)
+    }
+}
+
+impl fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for RunStatus {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        RunStatus::ALL.into_iter().find(|st| st.as_str() == s).ok_or_else(|| {
+            let all: Vec<_> = RunStatus::ALL.iter().map(|s| s.as_str()).collect();
+            format!("unknown status {s:?} (expected one of {})", all.join(", "))
+        })
+    }
+}
+
+/// Sandbox limits for one attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Wall-clock limit of one attempt.
+    pub timeout_ms: u64,
+    /// Fuel (roughly, wasm instructions) one attempt may burn.
+    pub fuel: u64,
+    /// Linear memory one attempt may grow to, summed over its memories.
+    pub memory_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { timeout_ms: 30_000, fuel: 10_000_000_000, memory_bytes: 64 << 20 }
+    }
+}
+
+/// How a failed attempt is retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetryPolicy {
+    /// Attempts in all, the first included; 1 means never retry.
+    pub max_attempts: u32,
+    /// Delay before the second attempt; doubles per attempt up to `max_backoff_ms`.
+    pub initial_backoff_ms: u64,
+    pub max_backoff_ms: u64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy { max_attempts: 3, initial_backoff_ms: 1_000, max_backoff_ms: 60_000 }
+    }
+}
+
+impl RetryPolicy {
+    /// Delay before attempt `next_attempt` (2 for the first retry), or `None` when the policy
+    /// is exhausted.
+    pub fn backoff_before(&self, next_attempt: u32) -> Option<u64> {
+        if next_attempt > self.max_attempts {
+            return None;
+        }
+        let doublings = next_attempt.saturating_sub(2).min(32);
+        let delay = self.initial_backoff_ms.saturating_mul(1u64 << doublings);
+        Some(delay.min(self.max_backoff_ms))
+    }
+}
+
+/// What a deploy sets for a function; every field has a default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct FunctionSettings {
+    pub limits: Limits,
+    pub retry: RetryPolicy,
+}
+
+/// A named, deployed component. Redeploying a name replaces its component for new runs;
+/// runs already created keep the digest and settings they were created with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Function {
+    pub tenant: String,
+    pub name: String,
+    /// sha256 of the component bytes, lowercase hex.
+    pub digest: String,
+    pub size_bytes: u64,
+    pub settings: FunctionSettings,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+/// Why an attempt failed, in words a user can act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorReason {
+    /// The wall-clock limit passed.
+    Timeout,
+    /// The fuel limit was used up.
+    OutOfFuel,
+    /// Memory growth beyond the limit was refused.
+    OutOfMemory,
+    /// The guest trapped: panic, unreachable, stack overflow, bad host call.
+    Trap,
+    /// The guest returned `run-error.retryable`.
+    Retryable,
+    /// The guest returned `run-error.fatal`.
+    Fatal,
+    /// The guest returned `run-error.retry-after`.
+    RetryAfter,
+    /// The attempt's worker stopped renewing its lease (crash, kill, partition).
+    LeaseExpired,
+    /// The host could not run the attempt (component missing, store error).
+    Host,
+}
+
+impl ErrorReason {
+    /// Whether the default policy retries an attempt that failed this way.
+    pub fn is_retryable(self) -> bool {
+        !matches!(self, ErrorReason::Fatal)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunError {
+    pub reason: ErrorReason,
+    pub message: String,
+}
+
+impl RunError {
+    pub fn new(reason: ErrorReason, message: impl Into<String>) -> Self {
+        RunError { reason, message: message.into() }
+    }
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let reason = serde_json::to_value(self.reason).ok();
+        let reason = reason.as_ref().and_then(|v| v.as_str()).unwrap_or("error");
+        write!(f, "{reason}: {}", self.message)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Progress {
+    pub percent: u8,
+    pub message: Option<String>,
+}
+
+/// One execution of a run, as the run's history keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attempt {
+    pub number: u32,
+    pub worker: String,
+    pub started_at: Millis,
+    pub finished_at: Option<Millis>,
+    pub error: Option<RunError>,
+    /// Fuel burned, when the attempt ended in the sandbox.
+    pub fuel_used: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Run {
+    pub id: RunId,
+    pub tenant: String,
+    pub function: String,
+    /// The component digest and settings pinned at creation, so that a redeploy never
+    /// changes the code a half-finished run replays.
+    pub digest: String,
+    pub settings: FunctionSettings,
+    pub status: RunStatus,
+    #[serde(with = "crate::model::bytes_as_json")]
+    pub input: Vec<u8>,
+    #[serde(with = "crate::model::opt_bytes_as_json")]
+    pub output: Option<Vec<u8>>,
+    pub error: Option<RunError>,
+    /// Attempts started so far.
+    pub attempt: u32,
+    pub trigger: String,
+    pub progress: Option<Progress>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+    /// Earliest time a queued run may start.
+    pub due_at: Millis,
+    pub finished_at: Option<Millis>,
+}
+
+/// A completed step: its output is returned instead of re-running its body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepRecord {
+    pub name: String,
+    /// 0 for the first step of this name in a run, 1 for the second, ...
+    pub occurrence: u32,
+    #[serde(with = "crate::model::bytes_as_json")]
+    pub output: Vec<u8>,
+    /// The attempt that completed it.
+    pub attempt: u32,
+    pub completed_at: Millis,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogLevel {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+impl LogLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Trace => "trace",
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error => "error",
+        }
+    }
+}
+
+/// Where a log line came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogSource {
+    /// The guest's `log.write`.
+    Guest,
+    Stdout,
+    Stderr,
+    /// wasq itself, about the attempt (start, failure, truncation).
+    Host,
+}
+
+impl LogSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogSource::Guest => "guest",
+            LogSource::Stdout => "stdout",
+            LogSource::Stderr => "stderr",
+            LogSource::Host => "host",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogLine {
+    pub attempt: u32,
+    pub at: Millis,
+    pub level: LogLevel,
+    pub source: LogSource,
+    pub message: String,
+}
+
+/// Serialises payload bytes as JSON when they are JSON, otherwise as a string (lossy UTF-8).
+/// Deserialises any JSON value back to its compact bytes.
+pub mod bytes_as_json {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn to_value(bytes: &[u8]) -> serde_json::Value {
+        serde_json::from_slice(bytes)
+            .unwrap_or_else(|_| serde_json::Value::String(String::from_utf8_lossy(bytes).into()))
+    }
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        serde::Serialize::serialize(&to_value(bytes), s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let v = serde_json::Value::deserialize(d)?;
+        Ok(v.to_string().into_bytes())
+    }
+}
+
+pub mod opt_bytes_as_json {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+        match bytes {
+            Some(b) => super::bytes_as_json::serialize(b, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+        let v = Option::<serde_json::Value>::deserialize(d)?;
+        Ok(v.map(|v| v.to_string().into_bytes()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let p = RetryPolicy { max_attempts: 5, initial_backoff_ms: 100, max_backoff_ms: 350 };
+        assert_eq!(p.backoff_before(2), Some(100));
+        assert_eq!(p.backoff_before(3), Some(200));
+        assert_eq!(p.backoff_before(4), Some(350));
+        assert_eq!(p.backoff_before(5), Some(350));
+        assert_eq!(p.backoff_before(6), None);
+    }
+
+    #[test]
+    fn status_parses_and_rejects() {
+        assert_eq!("waiting".parse::<RunStatus>(), Ok(RunStatus::Waiting));
+        let err = "done".parse::<RunStatus>().unwrap_err();
+        assert!(err.contains("queued, running"), "{err}");
+    }
+}

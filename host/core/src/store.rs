@@ -1,0 +1,138 @@
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::clock::Millis;
+use crate::model::*;
+
+/// The boundary every queue backend implements. Each method is one atomic transition;
+/// those taken on behalf of an attempt carry its [`Lease`] and fail with
+/// [`StoreError::LeaseLost`] once another attempt has taken the run over.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Stores the component under its digest and creates or replaces the function.
+    async fn deploy(&self, req: DeployRequest) -> Result<Function, StoreError>;
+    async fn function(&self, tenant: &str, name: &str) -> Result<Option<Function>, StoreError>;
+    async fn functions(&self, tenant: &str) -> Result<Vec<Function>, StoreError>;
+    async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Creates a queued run of an existing function (pinning its digest and settings).
+    async fn enqueue(&self, req: EnqueueRequest) -> Result<Run, StoreError>;
+    /// Leases up to `limit` due runs, oldest due first; also takes back runs whose lease
+    /// expired (their worker died) and hands them out again.
+    async fn claim(&self, req: ClaimRequest) -> Result<Vec<Claimed>, StoreError>;
+    /// Extends leases; returns the runs whose lease is no longer held (stop those attempts).
+    async fn renew(&self, leases: &[Lease], lease_ms: u64) -> Result<Vec<RunId>, StoreError>;
+    /// Stores what an attempt produced while running: a step output, log lines, progress.
+    async fn record(&self, lease: &Lease, record: Record) -> Result<(), StoreError>;
+    /// Ends the attempt: succeed, fail (requeue at `retry_at` or end as failed), or release.
+    async fn finish(&self, lease: &Lease, outcome: Outcome) -> Result<Run, StoreError>;
+
+    async fn run(&self, tenant: &str, id: &str) -> Result<Option<RunDetail>, StoreError>;
+    /// Newest first.
+    async fn runs(&self, query: RunQuery) -> Result<Vec<Run>, StoreError>;
+    /// Log lines in the order written, starting after the first `skip`.
+    async fn logs(&self, tenant: &str, id: &str, skip: usize) -> Result<Vec<LogLine>, StoreError>;
+}
+
+#[derive(Debug, Clone)]
+pub struct DeployRequest {
+    pub tenant: String,
+    pub name: String,
+    pub digest: String,
+    pub component: Vec<u8>,
+    pub settings: FunctionSettings,
+}
+
+#[derive(Debug, Clone)]
+pub struct EnqueueRequest {
+    pub tenant: String,
+    pub function: String,
+    pub input: Vec<u8>,
+    pub trigger: String,
+    /// Start no earlier than this; `None` = now.
+    pub due_at: Option<Millis>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    pub worker: String,
+    pub limit: usize,
+    pub lease_ms: u64,
+}
+
+/// The right to run one attempt. `token` grows with every claim of the run: the fence.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub run_id: RunId,
+    pub token: u64,
+    pub expires_at: Millis,
+}
+
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub run: Run,
+    pub lease: Lease,
+    /// Steps completed by earlier attempts, for replay.
+    pub steps: Vec<StepRecord>,
+}
+
+#[derive(Debug, Clone)]
+pub enum Record {
+    Step { name: String, occurrence: u32, output: Vec<u8> },
+    Logs(Vec<LogLine>),
+    Progress(Progress),
+}
+
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    Succeeded { output: Vec<u8>, fuel_used: Option<u64> },
+    /// `retry_at: Some(t)` queues the run again, due at `t`; `None` ends it as failed.
+    Failed { error: RunError, retry_at: Option<Millis>, fuel_used: Option<u64> },
+    /// Gives the run back untouched (shutdown): queued, due now, the attempt not counted.
+    Released,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunDetail {
+    #[serde(flatten)]
+    pub run: Run,
+    pub attempts: Vec<Attempt>,
+    pub steps: Vec<StepRecord>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct RunQuery {
+    pub tenant: String,
+    pub function: Option<String>,
+    pub status: Option<RunStatus>,
+    pub limit: usize,
+}
+
+/// A run whose worker vanished is handed out again, even past `max_attempts`, because the
+/// loss was usually not the guest's doing; after this many extra attempts it is the guest's.
+pub const MAX_LOST_LEASE_EXTRA_ATTEMPTS: u32 = 3;
+
+/// What a backend does with a run whose lease expired: `true` = fail it for good.
+pub fn lease_loss_is_final(run: &Run) -> bool {
+    run.attempt >= run.settings.retry.max_attempts + MAX_LOST_LEASE_EXTRA_ATTEMPTS
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("lease lost: run {0} was taken over or ended by another attempt")]
+    LeaseLost(RunId),
+    #[error("{0} not found")]
+    NotFound(String),
+    /// The backend is unreachable or overloaded; the same call may succeed later.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// A bug or corrupt data; retrying will not help.
+    #[error("store failure: {0}")]
+    Internal(String),
+}
+
+impl StoreError {
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_))
+    }
+}

@@ -1,0 +1,188 @@
+//! The wasmtime engine, the linker, compilation under a time bound, and the on-disk cache
+//! of compiled artifacts.
+
+use std::hash::Hasher;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use crate::host::{self, State};
+use crate::limits::MAX_TABLE_ELEMENTS;
+use crate::{SandboxConfig, SandboxError};
+
+/// Pool slots per component instance. A Rust guest needs ~4 core instances, 1 memory and
+/// 1-2 tables; interpreters built as components (JS, Python) need more, so there is head
+/// room. Pool slots cost address space, not resident memory.
+const CORE_INSTANCES_PER_COMPONENT: u32 = 16;
+const MEMORIES_PER_COMPONENT: u32 = 2;
+const TABLES_PER_COMPONENT: u32 = 4;
+
+/// Guest call stack; the async fiber stack (2 MiB by default) must exceed it.
+const MAX_WASM_STACK: usize = 1 << 20;
+
+pub(crate) fn engine(config: &SandboxConfig) -> Result<Engine, SandboxError> {
+    let n = config.max_instances.max(1);
+    let max_memory = usize::try_from(config.max_memory_bytes)
+        .map_err(|_| SandboxError::Engine("max_memory_bytes does not fit in usize".into()))?;
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_component_instances(n)
+        .total_core_instances(n.saturating_mul(CORE_INSTANCES_PER_COMPONENT))
+        .total_memories(n.saturating_mul(MEMORIES_PER_COMPONENT))
+        .total_tables(n.saturating_mul(TABLES_PER_COMPONENT))
+        .total_stacks(n)
+        .max_memory_size(max_memory)
+        .table_elements(MAX_TABLE_ELEMENTS);
+
+    let mut cfg = Config::new();
+    cfg.wasm_component_model(true)
+        .consume_fuel(true)
+        .epoch_interruption(true)
+        .max_wasm_stack(MAX_WASM_STACK)
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    Engine::new(&cfg).map_err(|e| SandboxError::Engine(format!("{e:#}")))
+}
+
+/// Everything a guest may import: WASI 0.2 (no HTTP) and wasq:task.
+pub(crate) fn linker(engine: &Engine) -> Result<Linker<State>, SandboxError> {
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+        .and_then(|()| host::add_to_linker(&mut linker))
+        .map_err(|e| SandboxError::Engine(format!("linking host functions: {e:#}")))?;
+    Ok(linker)
+}
+
+/// Names the engine configuration in cache file names, so artifacts from another wasmtime
+/// version or another set of options are never even opened.
+pub(crate) fn engine_key(engine: &Engine) -> String {
+    struct Sha(Sha256);
+    impl Hasher for Sha {
+        fn finish(&self) -> u64 {
+            0
+        }
+        fn write(&mut self, bytes: &[u8]) {
+            self.0.update(bytes);
+        }
+    }
+    let mut h = Sha(Sha256::new());
+    std::hash::Hash::hash(&engine.precompile_compatibility_hash(), &mut h);
+    hex::encode(h.0.finalize())[..16].to_string()
+}
+
+pub(crate) enum CompileError {
+    Timeout,
+    Failed(String),
+}
+
+/// Compiles on a blocking thread. Cranelift cannot be interrupted, so a compile that
+/// outlives the timeout keeps its permit until it really ends: a flood of pathological
+/// uploads waits for permits instead of piling up threads.
+pub(crate) async fn compile(
+    engine: &Engine,
+    permits: &Arc<Semaphore>,
+    bytes: &[u8],
+    timeout: std::time::Duration,
+) -> Result<Component, CompileError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let permit = tokio::time::timeout_at(deadline, permits.clone().acquire_owned())
+        .await
+        .map_err(|_| CompileError::Timeout)?
+        .map_err(|_| CompileError::Failed("the compiler is shut down".into()))?;
+    let engine = engine.clone();
+    let bytes = bytes.to_vec();
+    let job = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        Component::new(&engine, &bytes)
+    });
+    match tokio::time::timeout_at(deadline, job).await {
+        Err(_) => Err(CompileError::Timeout),
+        Ok(Err(join)) => Err(CompileError::Failed(format!(
+            "the compiler crashed: {join}"
+        ))),
+        Ok(Ok(Err(e))) => Err(CompileError::Failed(format!("{e:#}"))),
+        Ok(Ok(Ok(c))) => Ok(c),
+    }
+}
+
+/// Compiled artifacts on local disk, keyed by component digest and engine configuration.
+pub(crate) struct DiskCache {
+    dir: PathBuf,
+    engine_key: String,
+}
+
+static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl DiskCache {
+    pub(crate) fn new(dir: PathBuf, engine_key: String) -> Result<DiskCache, SandboxError> {
+        std::fs::create_dir_all(&dir)?;
+        Ok(DiskCache { dir, engine_key })
+    }
+
+    fn path(&self, digest: &str) -> PathBuf {
+        self.dir.join(format!("{digest}-{}.cwasm", self.engine_key))
+    }
+
+    /// A cached artifact, if there is a usable one. A corrupt or incompatible file is
+    /// removed so that the caller's fresh compile replaces it.
+    pub(crate) async fn get(&self, engine: &Engine, digest: &str) -> Option<Component> {
+        let path = self.path(digest);
+        if !tokio::fs::try_exists(&path).await.unwrap_or(false) {
+            return None;
+        }
+        let engine = engine.clone();
+        let p = path.clone();
+        match tokio::task::spawn_blocking(move || deserialize_cached(&engine, &p)).await {
+            Ok(Ok(c)) => Some(c),
+            Ok(Err(e)) => {
+                tracing::warn!(path = %path.display(), error = %format!("{e:#}"), "discarding unusable cached component");
+                let _ = tokio::fs::remove_file(&path).await;
+                None
+            }
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "loading cached component failed");
+                None
+            }
+        }
+    }
+
+    /// Best effort: a failed write costs a recompile later, nothing else.
+    pub(crate) async fn put(&self, digest: &str, component: &Component) {
+        let path = self.path(digest);
+        let component = component.clone();
+        let res = tokio::task::spawn_blocking(move || -> Result<(), String> {
+            let bytes = component.serialize().map_err(|e| format!("{e:#}"))?;
+            write_atomically(&path, &bytes).map_err(|e| e.to_string())
+        })
+        .await;
+        match res {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(digest, error = %e, "could not cache compiled component"),
+            Err(e) => tracing::warn!(digest, error = %e, "could not cache compiled component"),
+        }
+    }
+}
+
+/// Readers see either no file or a complete one: write elsewhere, then rename.
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp-{}-{n}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+#[allow(unsafe_code)]
+fn deserialize_cached(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
+    // SAFETY: `Component::deserialize_file` trusts its input to be wasmtime-compiled code.
+    // Files in the cache directory are written only by `DiskCache::put`, from
+    // `Component::serialize` of a component this process compiled, and their name carries
+    // the engine's compatibility hash; user-supplied bytes never reach this path (uploads
+    // are always compiled with `Component::new`). wasmtime additionally checks the
+    // artifact's header, version and engine settings and errors on a mismatch.
+    unsafe { Component::deserialize_file(engine, path) }
+}

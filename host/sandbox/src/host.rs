@@ -1,0 +1,610 @@
+//! The host side of the `wasq:task` world: per-attempt store state, the imports a guest
+//! calls, and the capture of stdout/stderr into log lines.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use tokio_util::sync::CancellationToken;
+use wasmtime::component::ResourceTable;
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasq_core::{Clock, LogLevel, LogLine, LogSource, Progress, StepRecord, SystemClock};
+
+use crate::limits::{MemoryLimiter, Stop};
+use crate::{Journal, RunInfo};
+
+wasmtime::component::bindgen!({
+    path: "../../wit",
+    world: "task",
+    // `trappable`: every import returns `wasmtime::Result`, so a misbehaving guest or a
+    // failing journal ends the attempt with a trap instead of a made-up return value.
+    imports: { default: async | trappable },
+    exports: { default: async },
+    // WASI comes from wasmtime-wasi (linked by `wasmtime_wasi::p2::add_to_linker_async`);
+    // generating our own copy would give the world a second, incompatible set of traits.
+    with: { "wasi": wasmtime_wasi::p2::bindings },
+});
+
+use wasq::task::{context, log, progress, step, types};
+
+/// Everything one attempt's `Store` owns. Built fresh for every attempt and dropped with it.
+pub(crate) struct State {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    pub(crate) limiter: MemoryLimiter,
+    pub(crate) logs: Arc<LogSink>,
+    info: RunInfo,
+    journal: Arc<dyn Journal>,
+    /// Outputs of steps completed by earlier attempts, by (name, occurrence).
+    replay: HashMap<(String, u32), Vec<u8>>,
+    /// How many times `begin` was called per name in this attempt.
+    occurrences: HashMap<String, u32>,
+    /// Steps begun but not yet completed: name => occurrence.
+    pending: HashMap<String, u32>,
+    max_output_bytes: usize,
+    pub(crate) deadline: Instant,
+    pub(crate) cancel: CancellationToken,
+    /// Why the epoch callback stopped the guest, if it did.
+    pub(crate) stop: Option<Stop>,
+}
+
+pub(crate) struct StateParams {
+    pub info: RunInfo,
+    pub journal: Arc<dyn Journal>,
+    pub steps: Vec<StepRecord>,
+    pub memory_limit: u64,
+    pub log_bytes: usize,
+    pub max_output_bytes: usize,
+    pub deadline: Instant,
+    pub cancel: CancellationToken,
+}
+
+impl State {
+    pub(crate) fn new(p: StateParams) -> State {
+        let logs = Arc::new(LogSink::new(p.journal.clone(), p.info.attempt, p.log_bytes));
+        // The builder starts with nothing: no preopens, env, args or inherited stdio, and a
+        // socket address check that refuses everything. Only stdout/stderr are wired, and
+        // only into the attempt's log.
+        let mut wasi = WasiCtx::builder();
+        wasi.stdout(LogStream {
+            sink: logs.clone(),
+            source: LogSource::Stdout,
+        })
+        .stderr(LogStream {
+            sink: logs.clone(),
+            source: LogSource::Stderr,
+        })
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false);
+        let replay = p
+            .steps
+            .into_iter()
+            .map(|s| ((s.name, s.occurrence), s.output))
+            .collect::<HashMap<_, _>>();
+        State {
+            wasi: wasi.build(),
+            table: ResourceTable::new(),
+            limiter: MemoryLimiter::new(p.memory_limit),
+            logs,
+            info: p.info,
+            journal: p.journal,
+            replay,
+            occurrences: HashMap::new(),
+            pending: HashMap::new(),
+            max_output_bytes: p.max_output_bytes,
+            deadline: p.deadline,
+            cancel: p.cancel,
+            stop: None,
+        }
+    }
+}
+
+impl WasiView for State {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// Adds the wasq:task imports. Not `Task::add_to_linker`: that would also try to add the
+/// WASI interfaces remapped above, which `wasmtime_wasi` has already added.
+pub(crate) fn add_to_linker(
+    linker: &mut wasmtime::component::Linker<State>,
+) -> wasmtime::Result<()> {
+    use wasmtime::component::HasSelf;
+    context::add_to_linker::<State, HasSelf<State>>(linker, |s| s)?;
+    step::add_to_linker::<State, HasSelf<State>>(linker, |s| s)?;
+    log::add_to_linker::<State, HasSelf<State>>(linker, |s| s)?;
+    progress::add_to_linker::<State, HasSelf<State>>(linker, |s| s)?;
+    types::add_to_linker::<State, HasSelf<State>>(linker, |s| s)?;
+    Ok(())
+}
+
+fn guest_error(msg: String) -> wasmtime::Error {
+    wasmtime::Error::new(Stop::Guest(msg))
+}
+
+fn unsupported(func: &str) -> wasmtime::Error {
+    guest_error(format!(
+        "step.{func} is not yet supported by this wasq host"
+    ))
+}
+
+impl types::Host for State {}
+
+impl context::Host for State {
+    async fn info(&mut self) -> wasmtime::Result<context::RunInfo> {
+        let i = &self.info;
+        Ok(context::RunInfo {
+            run_id: i.run_id.clone(),
+            function: i.function.clone(),
+            tenant: i.tenant.clone(),
+            attempt: i.attempt,
+            max_attempts: i.max_attempts,
+            trigger: i.trigger.clone(),
+        })
+    }
+}
+
+impl log::Host for State {
+    async fn write(&mut self, level: log::Level, message: String) -> wasmtime::Result<()> {
+        let level = match level {
+            log::Level::Trace => LogLevel::Trace,
+            log::Level::Debug => LogLevel::Debug,
+            log::Level::Info => LogLevel::Info,
+            log::Level::Warn => LogLevel::Warn,
+            log::Level::Error => LogLevel::Error,
+        };
+        self.logs.guest(level, message);
+        Ok(())
+    }
+}
+
+impl progress::Host for State {
+    async fn report(&mut self, percent: u8, message: Option<String>) -> wasmtime::Result<()> {
+        // Bounded like a log line would be, without charging the log budget: progress
+        // replaces itself, it does not accumulate.
+        let message = message.map(|m| truncate_utf8(m, 1024));
+        self.journal.progress(Progress {
+            percent: percent.min(100),
+            message,
+        });
+        Ok(())
+    }
+}
+
+impl step::Host for State {
+    async fn begin(&mut self, name: String) -> wasmtime::Result<Option<Vec<u8>>> {
+        let counter = self.occurrences.entry(name.clone()).or_insert(0);
+        let occurrence = *counter;
+        *counter += 1;
+        match self.replay.remove(&(name.clone(), occurrence)) {
+            Some(output) => Ok(Some(output)),
+            None => {
+                self.pending.insert(name, occurrence);
+                Ok(None)
+            }
+        }
+    }
+
+    async fn complete(&mut self, name: String, output: Vec<u8>) -> wasmtime::Result<()> {
+        let Some(occurrence) = self.pending.remove(&name) else {
+            return Err(guest_error(format!(
+                "step.complete({name:?}) called without step.begin"
+            )));
+        };
+        if output.len() > self.max_output_bytes {
+            return Err(guest_error(format!(
+                "step {name:?} output is {} bytes, over the limit of {} bytes",
+                output.len(),
+                self.max_output_bytes
+            )));
+        }
+        // The guest must not continue past a step whose output is not durable: a crash
+        // right after would replay the step's side effects.
+        self.journal
+            .complete_step(&name, occurrence, &output)
+            .await
+            .map_err(|msg| wasmtime::Error::new(Stop::Journal(msg)))
+    }
+
+    async fn sleep(&mut self, _name: String, _millis: u64) -> wasmtime::Result<()> {
+        Err(unsupported("sleep"))
+    }
+
+    async fn sleep_until(&mut self, _name: String, _unix_millis: u64) -> wasmtime::Result<()> {
+        Err(unsupported("sleep-until"))
+    }
+
+    async fn wait_for_event(
+        &mut self,
+        _name: String,
+        _event: String,
+        _if_: Option<String>,
+        _timeout_millis: u64,
+    ) -> wasmtime::Result<Option<Vec<u8>>> {
+        Err(unsupported("wait-for-event"))
+    }
+
+    async fn invoke(
+        &mut self,
+        _name: String,
+        _function: String,
+        _input: Vec<u8>,
+    ) -> wasmtime::Result<String> {
+        Err(unsupported("invoke"))
+    }
+
+    async fn call(
+        &mut self,
+        _name: String,
+        _function: String,
+        _input: Vec<u8>,
+    ) -> wasmtime::Result<Result<Vec<u8>, String>> {
+        Err(unsupported("call"))
+    }
+
+    async fn send_event(
+        &mut self,
+        _name: String,
+        _event: String,
+        _data: Vec<u8>,
+    ) -> wasmtime::Result<()> {
+        Err(unsupported("send-event"))
+    }
+}
+
+/// Cuts `s` to at most `max` bytes on a char boundary.
+pub(crate) fn truncate_utf8(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
+/// How much of stderr is kept (outside the log budget) to find a Rust panic message.
+const STDERR_TAIL_BYTES: usize = 8 << 10;
+
+/// Turns guest output into log lines, charging every byte to one per-attempt budget.
+///
+/// Past the budget bytes are dropped *silently*: a write error would make the guest's
+/// `println!` panic, turning chatty-but-correct code into a failed attempt.
+pub(crate) struct LogSink {
+    journal: Arc<dyn Journal>,
+    attempt: u32,
+    cap: usize,
+    state: Mutex<SinkState>,
+}
+
+#[derive(Default)]
+struct SinkState {
+    used: usize,
+    truncated: bool,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    stderr_tail: Vec<u8>,
+}
+
+impl LogSink {
+    fn new(journal: Arc<dyn Journal>, attempt: u32, cap: usize) -> LogSink {
+        LogSink {
+            journal,
+            attempt,
+            cap,
+            state: Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SinkState> {
+        // A panic while holding this lock can only come from a bug here; the buffered
+        // text is still fine to use.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn line(&self, level: LogLevel, source: LogSource, message: String) -> LogLine {
+        LogLine {
+            attempt: self.attempt,
+            at: SystemClock.now_ms(),
+            level,
+            source,
+            message,
+        }
+    }
+
+    /// A line from wasq itself about this attempt; not charged to the budget.
+    pub(crate) fn host(&self, level: LogLevel, message: String) {
+        self.journal.log(self.line(level, LogSource::Host, message));
+    }
+
+    /// Charges up to `n` bytes to the budget; returns how many may be kept.
+    fn allow(&self, st: &mut SinkState, n: usize) -> usize {
+        let allowed = n.min(self.cap - st.used);
+        st.used += allowed;
+        allowed
+    }
+
+    /// The first time the budget overflows: flush the partial lines (they hold the last
+    /// bytes kept) and add the single truncation notice.
+    fn overflowed(&self, st: &mut SinkState, out: &mut Vec<LogLine>) {
+        if !st.truncated {
+            st.truncated = true;
+            self.flush_partial(st, out);
+            out.push(self.line(
+                LogLevel::Warn,
+                LogSource::Host,
+                format!("log output truncated at {} bytes", self.cap),
+            ));
+        }
+    }
+
+    fn flush_partial(&self, st: &mut SinkState, out: &mut Vec<LogLine>) {
+        for (source, level) in [
+            (LogSource::Stdout, LogLevel::Info),
+            (LogSource::Stderr, LogLevel::Warn),
+        ] {
+            let buf = match source {
+                LogSource::Stdout => &mut st.stdout,
+                _ => &mut st.stderr,
+            };
+            if !buf.is_empty() {
+                let text = String::from_utf8_lossy(buf).into_owned();
+                buf.clear();
+                out.push(self.line(level, source, text));
+            }
+        }
+    }
+
+    fn emit(&self, lines: Vec<LogLine>) {
+        for l in lines {
+            self.journal.log(l);
+        }
+    }
+
+    pub(crate) fn guest(&self, level: LogLevel, message: String) {
+        let mut out = Vec::new();
+        {
+            let mut st = self.lock();
+            // +1 as if for the newline: empty lines must not be free, or a guest could
+            // write unlimited numbers of them.
+            let cost = message.len() + 1;
+            let keep = self.allow(&mut st, cost);
+            if keep == cost || keep > 1 {
+                out.push(self.line(level, LogSource::Guest, truncate_utf8(message, keep - 1)));
+            }
+            if keep < cost {
+                self.overflowed(&mut st, &mut out);
+            }
+        }
+        self.emit(out);
+    }
+
+    fn stream(&self, source: LogSource, bytes: &[u8]) {
+        let mut out = Vec::new();
+        {
+            let mut st = self.lock();
+            if source == LogSource::Stderr {
+                st.stderr_tail.extend_from_slice(bytes);
+                let excess = st.stderr_tail.len().saturating_sub(STDERR_TAIL_BYTES);
+                st.stderr_tail.drain(..excess);
+            }
+            let keep = self.allow(&mut st, bytes.len());
+            let (buf, level) = match source {
+                LogSource::Stdout => (&mut st.stdout, LogLevel::Info),
+                _ => (&mut st.stderr, LogLevel::Warn),
+            };
+            for &b in &bytes[..keep] {
+                if b == b'\n' {
+                    if buf.last() == Some(&b'\r') {
+                        buf.pop();
+                    }
+                    // Blank lines (Rust's panic output starts with one) carry nothing.
+                    if !buf.is_empty() {
+                        let text = String::from_utf8_lossy(buf).into_owned();
+                        out.push(self.line(level, source, text));
+                    }
+                    buf.clear();
+                } else {
+                    buf.push(b);
+                }
+            }
+            if keep < bytes.len() {
+                self.overflowed(&mut st, &mut out);
+            }
+        }
+        self.emit(out);
+    }
+
+    /// Emits the unterminated last lines; called once the guest has stopped.
+    pub(crate) fn finish(&self) {
+        let mut out = Vec::new();
+        self.flush_partial(&mut self.lock(), &mut out);
+        self.emit(out);
+    }
+
+    /// The last Rust panic message written to stderr, e.g. "panicked at src/lib.rs:3:5: boom".
+    pub(crate) fn panic_message(&self) -> Option<String> {
+        let st = self.lock();
+        let tail = String::from_utf8_lossy(&st.stderr_tail);
+        let at = tail.rfind("panicked at ")?;
+        let text: Vec<&str> = tail[at..]
+            .lines()
+            .take_while(|l| !l.starts_with("note: run with `RUST_BACKTRACE"))
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        Some(truncate_utf8(text.join(" "), 2048))
+    }
+}
+
+/// stdout or stderr of one attempt.
+struct LogStream {
+    sink: Arc<LogSink>,
+    source: LogSource,
+}
+
+impl IsTerminal for LogStream {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for LogStream {
+    // Our own OutputStream rather than the default AsyncWriteStream adapter: writes land
+    // synchronously, so everything the guest printed is in the log (in order) by the time
+    // the call returns, with no background task to drain.
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(LogWriter {
+            sink: self.sink.clone(),
+            source: self.source,
+        })
+    }
+
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(LogWriter {
+            sink: self.sink.clone(),
+            source: self.source,
+        })
+    }
+}
+
+struct LogWriter {
+    sink: Arc<LogSink>,
+    source: LogSource,
+}
+
+/// What `check-write` grants per call; the guest loops for larger writes.
+const WRITE_PERMIT: usize = 64 << 10;
+
+#[async_trait::async_trait]
+impl Pollable for LogWriter {
+    async fn ready(&mut self) {}
+}
+
+#[async_trait::async_trait]
+impl OutputStream for LogWriter {
+    fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
+        self.sink.stream(self.source, &bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        Ok(WRITE_PERMIT)
+    }
+}
+
+impl tokio::io::AsyncWrite for LogWriter {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.sink.stream(self.source, buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct Lines(Mutex<Vec<LogLine>>);
+
+    #[async_trait::async_trait]
+    impl Journal for Lines {
+        async fn complete_step(&self, _: &str, _: u32, _: &[u8]) -> Result<(), String> {
+            Ok(())
+        }
+        fn log(&self, line: LogLine) {
+            self.0.lock().unwrap().push(line);
+        }
+        fn progress(&self, _: Progress) {}
+    }
+
+    fn texts(j: &Lines) -> Vec<(LogSource, String)> {
+        j.0.lock()
+            .unwrap()
+            .iter()
+            .map(|l| (l.source, l.message.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn stdout_lines_split_and_cap_drops_silently() {
+        let j = Arc::new(Lines::default());
+        let sink = LogSink::new(j.clone(), 1, 13);
+        sink.stream(LogSource::Stdout, b"hello\r\n\nwor");
+        sink.stream(LogSource::Stdout, b"ld\nmore text");
+        sink.stream(LogSource::Stdout, b"dropped\n");
+        sink.finish();
+        assert_eq!(
+            texts(&j),
+            vec![
+                (LogSource::Stdout, "hello".into()),
+                (LogSource::Stdout, "world".into()),
+                (LogSource::Host, "log output truncated at 13 bytes".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn guest_lines_share_the_budget_and_empty_lines_cost() {
+        let j = Arc::new(Lines::default());
+        let sink = LogSink::new(j.clone(), 1, 10);
+        sink.guest(LogLevel::Info, "abc".into());
+        sink.stream(LogSource::Stderr, b"de\n");
+        for _ in 0..10 {
+            sink.guest(LogLevel::Info, String::new());
+        }
+        sink.guest(LogLevel::Info, "never".into());
+        assert_eq!(
+            texts(&j),
+            vec![
+                (LogSource::Guest, "abc".into()),
+                (LogSource::Stderr, "de".into()),
+                (LogSource::Guest, "".into()),
+                (LogSource::Guest, "".into()),
+                (LogSource::Guest, "".into()),
+                (LogSource::Host, "log output truncated at 10 bytes".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn panic_message_is_found_in_stderr() {
+        let j = Arc::new(Lines::default());
+        let sink = LogSink::new(j.clone(), 1, 1 << 20);
+        sink.stream(
+            LogSource::Stderr,
+            b"\nthread '<unnamed>' panicked at src/lib.rs:3:5:\nboom\nnote: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n",
+        );
+        assert_eq!(
+            sink.panic_message().as_deref(),
+            Some("panicked at src/lib.rs:3:5: boom")
+        );
+    }
+}

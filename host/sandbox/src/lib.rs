@@ -1,0 +1,636 @@
+//! wasq-sandbox: runs one attempt of a job — a WebAssembly component built for the
+//! `wasq:task` world — under hard limits, and is the only crate that touches wasmtime.
+//!
+//! Key design decisions:
+//! - Components are compiled once per host and linked once per digest into an
+//!   `InstancePre` (`TaskPre`); every attempt then gets a fresh `Store` and an instance
+//!   from the pooling allocator, so starting an attempt costs tens of microseconds and no
+//!   state survives from one attempt to the next. Uploads are validated by compiling them
+//!   under a time bound; compiled artifacts are cached on disk keyed by digest and engine
+//!   configuration, and only this host's own artifacts are ever deserialized.
+//! - Guests are CPU-bound and run on the same tokio runtime as the API and lease renewals.
+//!   Every epoch tick (10 ms) the guest yields to the executor, and the same tick enforces
+//!   the wall-clock limit and cancellation, so no guest can starve the process.
+//! - Fuel meters CPU deterministically (the same input burns the same fuel), a
+//!   `ResourceLimiter` caps memory, and every byte a guest logs or returns is bounded.
+//! - Everything that can go wrong in an attempt ends up in [`AttemptResult`] as a
+//!   [`wasq_core::RunError`] whose reason and message a user can act on.
+//!
+//! What this crate is not: it knows nothing about queues, leases or retries (the caller
+//! decides what an [`AttemptError`] means for the run), and it does no I/O besides the
+//! compiled-artifact cache: step outputs and logs go to the caller's [`Journal`].
+
+mod engine;
+mod host;
+mod limits;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Engine, Store, UpdateDeadline};
+use wasq_core::{ErrorReason, Limits, LogLine, Progress, RunError, StepRecord};
+
+use crate::engine::{CompileError, DiskCache};
+use crate::host::{State, StateParams, TaskPre};
+use crate::limits::{Ending, Stop, failed};
+
+/// How often the epoch advances: the granularity of time limits, cancellation and yields.
+const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// Grace after the wall-clock limit before the attempt is abandoned from outside; only a
+/// guest stuck in a host call (where epoch ticks are not observed) ever reaches it.
+const BACKSTOP_GRACE: Duration = Duration::from_secs(1);
+
+/// Limits beyond this are treated as this (and `Instant` arithmetic cannot overflow).
+const MAX_TIMEOUT_MS: u64 = 366 * 24 * 3600 * 1000;
+
+/// Grace after cancellation, for the same reason.
+const CANCEL_GRACE: Duration = Duration::from_millis(250);
+
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    /// On-disk cache of compiled artifacts; `None` keeps them in memory only.
+    pub cache_dir: Option<PathBuf>,
+    /// Pooling allocator size: the maximum number of concurrent attempts.
+    pub max_instances: u32,
+    /// Ceiling for any function's memory limit; also the pool's per-memory slot size.
+    pub max_memory_bytes: u64,
+    /// Largest component accepted by [`Sandbox::validate`].
+    pub max_component_bytes: usize,
+    pub compile_timeout: Duration,
+    /// Cap on guest `log.write` + stdout + stderr bytes per attempt.
+    pub log_bytes_per_attempt: usize,
+    /// Cap on the run output and on each step output.
+    pub max_output_bytes: usize,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            cache_dir: None,
+            max_instances: 64,
+            max_memory_bytes: 1 << 30,
+            max_component_bytes: 64 << 20,
+            compile_timeout: Duration::from_secs(60),
+            log_bytes_per_attempt: 1 << 20,
+            max_output_bytes: 4 << 20,
+        }
+    }
+}
+
+/// Facts about the run, returned to the guest by `context.info`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunInfo {
+    pub run_id: String,
+    pub function: String,
+    pub tenant: String,
+    /// 1 for the first attempt.
+    pub attempt: u32,
+    pub max_attempts: u32,
+    pub trigger: String,
+}
+
+/// One attempt to run.
+pub struct AttemptSpec {
+    /// The component, which must have been loaded with [`Sandbox::validate`] or
+    /// [`Sandbox::load`].
+    pub digest: String,
+    pub info: RunInfo,
+    pub input: Vec<u8>,
+    pub limits: Limits,
+    /// Steps completed by earlier attempts: `step.begin` returns their outputs.
+    pub steps: Vec<StepRecord>,
+    pub journal: Arc<dyn Journal>,
+    /// Cancelled => the guest is interrupted at the next epoch tick.
+    pub cancel: CancellationToken,
+}
+
+/// Where an attempt's durable effects go while it runs.
+#[async_trait::async_trait]
+pub trait Journal: Send + Sync {
+    /// Durably stores a step output before the guest continues. `Err(msg)` traps the
+    /// guest: the attempt ends with reason Host and that message.
+    async fn complete_step(&self, name: &str, occurrence: u32, output: &[u8])
+    -> Result<(), String>;
+    /// Must not block: called from inside the guest's writes.
+    fn log(&self, line: LogLine);
+    fn progress(&self, progress: Progress);
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptResult {
+    /// The run output, or why the attempt failed.
+    pub result: Result<Vec<u8>, AttemptError>,
+    pub fuel_used: u64,
+    /// Highest total linear memory of the attempt.
+    pub peak_memory_bytes: u64,
+    pub duration: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptError {
+    pub error: RunError,
+    /// Set when the guest returned `run-error.retry-after`.
+    pub retry_after_ms: Option<u64>,
+}
+
+/// Why an upload was refused. Displayed to the uploader as is.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidComponent {
+    #[error("the component is {size} bytes, over the upload limit of {max} bytes")]
+    TooLarge { size: usize, max: usize },
+    #[error("the upload is not a WebAssembly binary (it does not start with \"\\0asm\")")]
+    NotWasm,
+    #[error(
+        "the upload is a core WebAssembly module, not a component: build for wasm32-wasip2 \
+         (`cargo build --target wasm32-wasip2`), which produces a component"
+    )]
+    CoreModule,
+    #[error("the component does not compile: {0}")]
+    Compile(String),
+    #[error("the component took too long to compile")]
+    CompileTimeout,
+    /// Names the import, e.g. "`wasi:http/types@0.2.0`, which this wasq host does not
+    /// provide".
+    #[error("the component imports {0}")]
+    UnsupportedImport(String),
+    #[error(
+        "the component does not export `run: func(input: list<u8>) -> result<list<u8>, \
+         run-error>` of world wasq:task/task@0.1.0: {0}"
+    )]
+    MissingExport(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("wasmtime engine: {0}")]
+    Engine(String),
+    #[error("component {0} is not loaded")]
+    NotLoaded(String),
+    #[error("could not compile component: {0}")]
+    Compile(String),
+    #[error("component cache: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Runs components. Cheap to clone; all clones share one engine, pool and cache.
+#[derive(Clone)]
+pub struct Sandbox {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    config: SandboxConfig,
+    engine: Engine,
+    linker: Linker<State>,
+    disk: Option<DiskCache>,
+    loaded: RwLock<HashMap<String, TaskPre<State>>>,
+    /// One lock per digest being compiled, so that a burst of attempts of a new component
+    /// compiles it once.
+    loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    compile_permits: Arc<Semaphore>,
+    /// One permit per pooled component instance.
+    instances: Arc<Semaphore>,
+}
+
+impl Sandbox {
+    /// Builds the engine and starts the epoch ticker thread, which ends once the last
+    /// clone of this sandbox is dropped.
+    pub fn new(config: SandboxConfig) -> Result<Sandbox, SandboxError> {
+        let engine = engine::engine(&config)?;
+        let linker = engine::linker(&engine)?;
+        let disk = match &config.cache_dir {
+            Some(dir) => Some(DiskCache::new(dir.clone(), engine::engine_key(&engine))?),
+            None => None,
+        };
+        let config_instances = config.max_instances.max(1) as usize;
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let inner = Arc::new(Inner {
+            config,
+            engine,
+            linker,
+            disk,
+            loaded: RwLock::default(),
+            loading: Mutex::default(),
+            compile_permits: Arc::new(Semaphore::new(cpus)),
+            instances: Arc::new(Semaphore::new(config_instances)),
+        });
+        spawn_ticker(Arc::downgrade(&inner))?;
+        Ok(Sandbox { inner })
+    }
+
+    /// sha256 of the component bytes, lowercase hex: the component's identity everywhere.
+    pub fn digest(bytes: &[u8]) -> String {
+        hex::encode(Sha256::digest(bytes))
+    }
+
+    /// Checks an upload and keeps it loaded; returns its digest. Refusals name the problem
+    /// in words meant for the uploader.
+    pub async fn validate(&self, bytes: &[u8]) -> Result<String, InvalidComponent> {
+        let max = self.inner.config.max_component_bytes;
+        if bytes.len() > max {
+            return Err(InvalidComponent::TooLarge {
+                size: bytes.len(),
+                max,
+            });
+        }
+        check_header(bytes)?;
+        let digest = Self::digest(bytes);
+        if self.is_loaded(&digest) {
+            return Ok(digest);
+        }
+        let lock = self.inner.loading_lock(&digest);
+        let guard = lock.lock().await;
+        let result = self.validate_locked(&digest, bytes).await;
+        drop(guard);
+        self.inner.loading_done(&digest);
+        result.map(|()| digest)
+    }
+
+    async fn validate_locked(&self, digest: &str, bytes: &[u8]) -> Result<(), InvalidComponent> {
+        if self.is_loaded(digest) {
+            return Ok(());
+        }
+        let component = self.compile(bytes).await.map_err(|e| match e {
+            CompileError::Timeout => InvalidComponent::CompileTimeout,
+            CompileError::Failed(msg) => InvalidComponent::Compile(msg),
+        })?;
+        let pre = self.inner.link(&component)?;
+        if let Some(disk) = &self.inner.disk {
+            disk.put(digest, &component).await;
+        }
+        self.inner.insert(digest, pre);
+        Ok(())
+    }
+
+    pub fn is_loaded(&self, digest: &str) -> bool {
+        self.inner
+            .loaded
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(digest)
+    }
+
+    /// Loads a component that passed [`Sandbox::validate`] (on this or another host):
+    /// from the disk cache when possible, else by compiling `bytes`.
+    pub async fn load(&self, digest: &str, bytes: &[u8]) -> Result<(), SandboxError> {
+        if self.is_loaded(digest) {
+            return Ok(());
+        }
+        // The digest names the cache file: never let other bytes be cached under it.
+        if Self::digest(bytes) != digest {
+            return Err(SandboxError::Compile(format!(
+                "the component bytes do not match digest {digest}"
+            )));
+        }
+        let lock = self.inner.loading_lock(digest);
+        let guard = lock.lock().await;
+        let result = self.load_locked(digest, bytes).await;
+        drop(guard);
+        self.inner.loading_done(digest);
+        result
+    }
+
+    async fn load_locked(&self, digest: &str, bytes: &[u8]) -> Result<(), SandboxError> {
+        if self.is_loaded(digest) {
+            return Ok(());
+        }
+        let inner = &self.inner;
+        if let Some(disk) = &inner.disk
+            && let Some(component) = disk.get(&inner.engine, digest).await
+        {
+            match inner.link(&component) {
+                Ok(pre) => {
+                    inner.insert(digest, pre);
+                    return Ok(());
+                }
+                Err(e) => {
+                    tracing::warn!(digest, error = %e, "cached component does not link; recompiling")
+                }
+            }
+        }
+        let component = self.compile(bytes).await.map_err(|e| match e {
+            CompileError::Timeout => {
+                SandboxError::Compile(InvalidComponent::CompileTimeout.to_string())
+            }
+            CompileError::Failed(msg) => SandboxError::Compile(msg),
+        })?;
+        let pre = inner
+            .link(&component)
+            .map_err(|e| SandboxError::Compile(e.to_string()))?;
+        if let Some(disk) = &inner.disk {
+            disk.put(digest, &component).await;
+        }
+        inner.insert(digest, pre);
+        Ok(())
+    }
+
+    async fn compile(&self, bytes: &[u8]) -> Result<Component, CompileError> {
+        let inner = &self.inner;
+        engine::compile(
+            &inner.engine,
+            &inner.compile_permits,
+            bytes,
+            inner.config.compile_timeout,
+        )
+        .await
+    }
+
+    /// Runs one attempt in a fresh store. Never panics: every failure, including a bug in
+    /// this crate, comes back as an [`AttemptError`].
+    pub async fn run(&self, spec: AttemptSpec) -> AttemptResult {
+        let start = Instant::now();
+        // A task of its own: a panic is contained, and the guest's epoch yields let other
+        // tasks (of this runtime) run in between.
+        let task = AbortOnDrop(tokio::spawn(attempt(self.inner.clone(), spec, start)));
+        match task.join().await {
+            Ok(result) => result,
+            Err(e) => AttemptResult {
+                result: Err(failed(
+                    ErrorReason::Host,
+                    format!("the attempt crashed: {e}"),
+                )),
+                fuel_used: 0,
+                peak_memory_bytes: 0,
+                duration: start.elapsed(),
+            },
+        }
+    }
+}
+
+impl Inner {
+    fn loading_lock(&self, digest: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut map = self.loading.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry(digest.to_string()).or_default().clone()
+    }
+
+    /// Forgets the digest's lock once nobody else waits on it.
+    fn loading_done(&self, digest: &str) {
+        let mut map = self.loading.lock().unwrap_or_else(|e| e.into_inner());
+        // 2 = the map's reference + the caller's.
+        if map.get(digest).is_some_and(|l| Arc::strong_count(l) <= 2) {
+            map.remove(digest);
+        }
+    }
+
+    fn insert(&self, digest: &str, pre: TaskPre<State>) {
+        self.loaded
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(digest.to_string(), pre);
+    }
+
+    fn pre(&self, digest: &str) -> Option<TaskPre<State>> {
+        self.loaded
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(digest)
+            .cloned()
+    }
+
+    /// Resolves imports and the `run` export once per component, so that each attempt
+    /// only instantiates.
+    fn link(&self, component: &Component) -> Result<TaskPre<State>, InvalidComponent> {
+        let pre = self
+            .linker
+            .instantiate_pre(component)
+            .map_err(|e| InvalidComponent::UnsupportedImport(describe_import_error(&e)))?;
+        TaskPre::new(pre).map_err(|e| InvalidComponent::MissingExport(format!("{e:#}")))
+    }
+}
+
+fn spawn_ticker(inner: Weak<Inner>) -> Result<(), SandboxError> {
+    std::thread::Builder::new()
+        .name("wasq-epoch".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(EPOCH_TICK);
+                match inner.upgrade() {
+                    Some(inner) => inner.engine.increment_epoch(),
+                    None => break,
+                }
+            }
+        })
+        .map(drop)
+        .map_err(|e| SandboxError::Engine(format!("could not start the epoch thread: {e}")))
+}
+
+fn check_header(bytes: &[u8]) -> Result<(), InvalidComponent> {
+    if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
+        return Err(InvalidComponent::NotWasm);
+    }
+    match bytes[4..8] {
+        [0x01, 0x00, 0x00, 0x00] => Err(InvalidComponent::CoreModule),
+        [0x0d, 0x00, 0x01, 0x00] => Ok(()),
+        ref other => Err(InvalidComponent::Compile(format!(
+            "unsupported WebAssembly binary version {other:02x?} (a component has 0d 00 01 00)"
+        ))),
+    }
+}
+
+/// Interfaces the linker provides, by name without version.
+const PROVIDED: &[&str] = &[
+    "wasi:cli/",
+    "wasi:clocks/",
+    "wasi:filesystem/",
+    "wasi:io/",
+    "wasi:random/",
+    "wasi:sockets/",
+    "wasq:task/",
+];
+
+/// Names the import that failed to link. wasmtime reports "component imports instance
+/// `X`, but a matching implementation was not found in the linker" with the reason as
+/// the error's cause; the cause only helps for interfaces we do provide (a version or
+/// signature mismatch), for anything else the name says it all.
+fn describe_import_error(err: &wasmtime::Error) -> String {
+    let top = err.to_string();
+    let name = top.split('`').nth(1).unwrap_or_default();
+    if name.is_empty() {
+        return format!("something this wasq host does not provide ({err:#})");
+    }
+    let provided = PROVIDED.iter().any(|p| name.starts_with(p));
+    let detail: Vec<String> = err.chain().skip(1).map(|c| c.to_string()).collect();
+    if provided && !detail.is_empty() {
+        format!(
+            "`{name}` with a signature this wasq host does not provide ({})",
+            detail.join(": ")
+        )
+    } else {
+        format!("`{name}`, which this wasq host does not provide")
+    }
+}
+
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> AbortOnDrop<T> {
+    async fn join(mut self) -> Result<T, tokio::task::JoinError> {
+        (&mut self.0).await
+    }
+}
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+enum Ended {
+    Returned(Result<Result<Vec<u8>, host::wasq::task::types::RunError>, (bool, wasmtime::Error)>),
+    Backstop,
+    Cancelled,
+}
+
+async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant) -> AttemptResult {
+    let AttemptSpec {
+        digest,
+        info,
+        input,
+        limits,
+        steps,
+        journal,
+        cancel,
+    } = spec;
+    let early = |error| AttemptResult {
+        result: Err(error),
+        fuel_used: 0,
+        peak_memory_bytes: 0,
+        duration: start.elapsed(),
+    };
+    let Some(pre) = inner.pre(&digest) else {
+        let msg = format!("component {digest} is not loaded on this host");
+        return early(failed(ErrorReason::Host, msg));
+    };
+    // Wait for a pool slot instead of failing to instantiate: a caller that starts more
+    // attempts than `max_instances` gets a queue, not spurious Host errors.
+    let _slot = tokio::select! {
+        biased;
+        () = cancel.cancelled() => return early(limits::cancelled()),
+        slot = inner.instances.clone().acquire_owned() => slot.ok(),
+    };
+    // The time limit counts from here: waiting for a slot is not the guest's time.
+    let start = Instant::now();
+    let finish = |result, fuel_used, peak_memory_bytes| AttemptResult {
+        result,
+        fuel_used,
+        peak_memory_bytes,
+        duration: start.elapsed(),
+    };
+
+    let memory_limit = limits.memory_bytes.min(inner.config.max_memory_bytes);
+    let deadline = start + Duration::from_millis(limits.timeout_ms.min(MAX_TIMEOUT_MS));
+    let state = State::new(StateParams {
+        info,
+        journal,
+        steps,
+        memory_limit,
+        log_bytes: inner.config.log_bytes_per_attempt,
+        max_output_bytes: inner.config.max_output_bytes,
+        deadline,
+        cancel: cancel.clone(),
+    });
+    let logs = state.logs.clone();
+    let mut store = Store::new(&inner.engine, state);
+    store.limiter(|s| &mut s.limiter);
+    if let Err(e) = store.set_fuel(limits.fuel) {
+        return finish(
+            Err(failed(ErrorReason::Host, format!("setting fuel: {e}"))),
+            0,
+            0,
+        );
+    }
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(|mut cx| {
+        let st = cx.data_mut();
+        let stop = if st.cancel.is_cancelled() {
+            Stop::Cancelled
+        } else if Instant::now() >= st.deadline {
+            Stop::Timeout
+        } else {
+            // Yield, not Continue: this is what keeps a spinning guest from holding a
+            // runtime thread for longer than one tick. tokio's `yield_now` rather than
+            // plain `Yield`: a task that wakes itself is polled again up to ~60 times
+            // before the runtime looks at its timers and sockets (measured: a 50 ms timer
+            // fired once in 650 ms), while `yield_now` defers the wake-up until it has.
+            return Ok(UpdateDeadline::YieldCustom(
+                1,
+                Box::pin(tokio::task::yield_now()),
+            ));
+        };
+        st.stop = Some(stop.clone());
+        Err(wasmtime::Error::new(stop))
+    });
+
+    let ended = {
+        let call = async {
+            let task = pre
+                .instantiate_async(&mut store)
+                .await
+                .map_err(|e| (true, e))?;
+            task.call_run(&mut store, &input)
+                .await
+                .map_err(|e| (false, e))
+        };
+        let backstop = tokio::time::sleep_until((deadline + BACKSTOP_GRACE).into());
+        let cancelled = async {
+            cancel.cancelled().await;
+            tokio::time::sleep(CANCEL_GRACE).await;
+        };
+        tokio::select! {
+            r = call => Ended::Returned(r),
+            () = backstop => Ended::Backstop,
+            () = cancelled => Ended::Cancelled,
+        }
+    };
+    logs.finish();
+
+    let fuel_used = limits.fuel.saturating_sub(store.get_fuel().unwrap_or(0));
+    let st = store.data();
+    let peak = st.limiter.peak;
+    let result = match ended {
+        Ended::Backstop => Err(limits::timeout(limits.timeout_ms)),
+        Ended::Cancelled => Err(limits::cancelled()),
+        Ended::Returned(Ok(Ok(output))) if output.len() > inner.config.max_output_bytes => {
+            Err(failed(
+                ErrorReason::Fatal,
+                format!(
+                    "the run output is {} bytes, over the limit of {} bytes",
+                    output.len(),
+                    inner.config.max_output_bytes
+                ),
+            ))
+        }
+        Ended::Returned(Ok(Ok(output))) => Ok(output),
+        Ended::Returned(Ok(Err(guest))) => Err(limits::guest_error(guest)),
+        Ended::Returned(Err((instantiating, e))) => Err(limits::classify(
+            &e,
+            Ending {
+                stop: st.stop.as_ref(),
+                denied_memory: st.limiter.denied,
+                memory_limit,
+                fuel_limit: limits.fuel,
+                timeout_ms: limits.timeout_ms,
+                logs: &logs,
+                instantiating,
+            },
+        )),
+    };
+    finish(result, fuel_used, peak)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,346 @@
+use std::path::{Path, PathBuf};
+
+use super::*;
+
+fn sandbox() -> Sandbox {
+    Sandbox::new(SandboxConfig {
+        max_instances: 4,
+        ..SandboxConfig::default()
+    })
+    .unwrap()
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .unwrap()
+}
+
+#[test]
+fn vendored_wasi_wit_matches_wasmtime() {
+    let root = workspace_root();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args(["metadata", "--format-version", "1"])
+        .current_dir(&root)
+        .output()
+        .expect("run cargo metadata");
+    assert!(
+        out.status.success(),
+        "cargo metadata: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let manifest = meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "wasmtime-wasi")
+        .and_then(|p| p["manifest_path"].as_str())
+        .expect("wasmtime-wasi in cargo metadata");
+    let upstream = Path::new(manifest)
+        .parent()
+        .unwrap()
+        .join("src/p2/wit/deps");
+
+    let vendored = root.join("wit/deps");
+    let mut files: Vec<_> = std::fs::read_dir(&vendored)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "wit"))
+        .collect();
+    files.sort();
+    assert!(
+        !files.is_empty(),
+        "no WIT files in {}: run wit/vendor.sh",
+        vendored.display()
+    );
+    for ours in files {
+        let name = ours.file_name().unwrap();
+        let theirs = upstream.join(name);
+        let a = std::fs::read(&ours).unwrap();
+        let b = std::fs::read(&theirs).unwrap_or_default();
+        assert!(
+            a == b,
+            "{} differs from {} (wasmtime-wasi's copy): run wit/vendor.sh",
+            ours.display(),
+            theirs.display()
+        );
+    }
+}
+
+#[tokio::test]
+async fn validate_refuses_random_bytes() {
+    let err = sandbox()
+        .validate(b"definitely not wasm at all")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, InvalidComponent::NotWasm), "{err:?}");
+    assert!(
+        err.to_string().contains("not a WebAssembly binary"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn validate_refuses_a_core_module() {
+    let module = wat::parse_str("(module)").unwrap();
+    let err = sandbox().validate(&module).await.unwrap_err();
+    assert!(matches!(err, InvalidComponent::CoreModule), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("core WebAssembly module") && msg.contains("wasm32-wasip2"),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn validate_refuses_a_component_without_run() {
+    let component = wat::parse_str("(component)").unwrap();
+    let sb = sandbox();
+    let err = sb.validate(&component).await.unwrap_err();
+    assert!(matches!(err, InvalidComponent::MissingExport(_)), "{err:?}");
+    assert!(err.to_string().contains("does not export `run"), "{err}");
+    assert!(!sb.is_loaded(&Sandbox::digest(&component)));
+}
+
+#[tokio::test]
+async fn validate_refuses_an_oversized_upload() {
+    let sb = Sandbox::new(SandboxConfig {
+        max_instances: 1,
+        max_component_bytes: 16,
+        ..SandboxConfig::default()
+    })
+    .unwrap();
+    let err = sb.validate(&[0u8; 17]).await.unwrap_err();
+    assert!(
+        matches!(err, InvalidComponent::TooLarge { size: 17, max: 16 }),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string()
+            .contains("17 bytes, over the upload limit of 16"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn validate_refuses_unprovided_imports_by_name() {
+    let component = wat::parse_str(
+        r#"(component
+            (import "wasi:http/types@0.2.0" (instance
+                (export "x" (func))
+            ))
+        )"#,
+    )
+    .unwrap();
+    let err = sandbox().validate(&component).await.unwrap_err();
+    assert!(
+        matches!(err, InvalidComponent::UnsupportedImport(_)),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("`wasi:http/types@0.2.0`"), "{err}");
+}
+
+#[test]
+fn digest_is_lowercase_sha256_hex() {
+    assert_eq!(
+        Sandbox::digest(b"abc"),
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    );
+}
+
+#[tokio::test]
+async fn run_of_an_unloaded_digest_is_a_host_error() {
+    struct Nop;
+    #[async_trait::async_trait]
+    impl Journal for Nop {
+        async fn complete_step(&self, _: &str, _: u32, _: &[u8]) -> Result<(), String> {
+            Ok(())
+        }
+        fn log(&self, _: LogLine) {}
+        fn progress(&self, _: Progress) {}
+    }
+    let r = sandbox()
+        .run(AttemptSpec {
+            digest: "00".repeat(32),
+            info: RunInfo::default(),
+            input: vec![],
+            limits: Limits::default(),
+            steps: vec![],
+            journal: Arc::new(Nop),
+            cancel: CancellationToken::new(),
+        })
+        .await;
+    let err = r.result.unwrap_err();
+    assert_eq!(err.error.reason, ErrorReason::Host);
+    assert!(
+        err.error.message.contains("not loaded"),
+        "{}",
+        err.error.message
+    );
+}
+
+/// A hand-written component exporting `run`, so that run() is tested without a guest
+/// toolchain. The first input byte picks the behaviour: `e` echoes the input, `f` fails
+/// fatally with the input as message, `r` asks to retry after 1500 ms, `s` spins forever,
+/// `g` grows memory by 125 MiB (trapping if refused), `u` traps.
+const TEST_COMPONENT: &str = r#"
+(component
+  (core module $m
+    (memory (export "memory") 1)
+    (global $heap (mut i32) (i32.const 1024))
+    (func (export "cabi_realloc") (param i32 i32 i32) (param $size i32) (result i32)
+      (local $p i32)
+      (local.set $p (i32.and (i32.add (global.get $heap) (i32.const 7)) (i32.const -8)))
+      (global.set $heap (i32.add (local.get $p) (local.get $size)))
+      (block $ok
+        (loop $grow
+          (br_if $ok (i32.le_u (global.get $heap) (i32.mul (memory.size) (i32.const 65536))))
+          (if (i32.eq (memory.grow (i32.const 1)) (i32.const -1)) (then unreachable))
+          (br $grow)))
+      (local.get $p))
+    (func (export "run") (param $ptr i32) (param $len i32) (result i32)
+      (local $op i32)
+      (if (i32.eqz (local.get $len)) (then unreachable))
+      (local.set $op (i32.load8_u (local.get $ptr)))
+      (if (i32.eq (local.get $op) (i32.const 115)) (then (loop $l (br $l))))
+      (if (i32.eq (local.get $op) (i32.const 103))
+        (then (if (i32.eq (memory.grow (i32.const 2000)) (i32.const -1)) (then unreachable))))
+      (if (i32.eq (local.get $op) (i32.const 117)) (then unreachable))
+      (if (i32.eq (local.get $op) (i32.const 102))
+        (then
+          (i32.store8 (i32.const 0) (i32.const 1))
+          (i32.store8 (i32.const 8) (i32.const 1))
+          (i32.store (i32.const 16) (local.get $ptr))
+          (i32.store (i32.const 20) (local.get $len))
+          (return (i32.const 0))))
+      (if (i32.eq (local.get $op) (i32.const 114))
+        (then
+          (i32.store8 (i32.const 0) (i32.const 1))
+          (i32.store8 (i32.const 8) (i32.const 2))
+          (i64.store (i32.const 16) (i64.const 1500))
+          (i32.store (i32.const 24) (local.get $ptr))
+          (i32.store (i32.const 28) (local.get $len))
+          (return (i32.const 0))))
+      (i32.store8 (i32.const 0) (i32.const 0))
+      (i32.store (i32.const 8) (local.get $ptr))
+      (i32.store (i32.const 12) (local.get $len))
+      (i32.const 0)))
+  (core instance $i (instantiate $m))
+  (type $run-error' (variant
+    (case "retryable" string)
+    (case "fatal" string)
+    (case "retry-after" (tuple u64 string))))
+  (export $run-error "run-error" (type $run-error'))
+  (func (export "run") (param "input" (list u8)) (result (result (list u8) (error $run-error)))
+    (canon lift (core func $i "run") (memory $i "memory") (realloc (func $i "cabi_realloc"))))
+)
+"#;
+
+struct Nop;
+
+#[async_trait::async_trait]
+impl Journal for Nop {
+    async fn complete_step(&self, _: &str, _: u32, _: &[u8]) -> Result<(), String> {
+        Ok(())
+    }
+    fn log(&self, _: LogLine) {}
+    fn progress(&self, _: Progress) {}
+}
+
+async fn loaded() -> (Sandbox, String) {
+    let sb = sandbox();
+    let digest = sb.validate(&wat::parse_str(TEST_COMPONENT).unwrap()).await.unwrap();
+    (sb, digest)
+}
+
+fn spec(digest: &str, input: &str, limits: Limits) -> AttemptSpec {
+    AttemptSpec {
+        digest: digest.into(),
+        info: RunInfo::default(),
+        input: input.as_bytes().to_vec(),
+        limits,
+        steps: vec![],
+        journal: Arc::new(Nop),
+        cancel: CancellationToken::new(),
+    }
+}
+
+fn reason(r: &AttemptResult) -> (ErrorReason, String) {
+    let e = r.result.as_ref().unwrap_err();
+    (e.error.reason, e.error.message.clone())
+}
+
+#[tokio::test]
+async fn run_returns_output_and_guest_errors() {
+    let (sb, d) = loaded().await;
+    let r = sb.run(spec(&d, "echo", Limits::default())).await;
+    assert_eq!(r.result.as_deref(), Ok(&b"echo"[..]));
+    assert!(r.fuel_used > 0 && r.peak_memory_bytes >= 65536, "{r:?}");
+
+    let r = sb.run(spec(&d, "fatal: no such user", Limits::default())).await;
+    assert_eq!(reason(&r), (ErrorReason::Fatal, "fatal: no such user".into()));
+
+    let r = sb.run(spec(&d, "rate limited", Limits::default())).await;
+    let e = r.result.unwrap_err();
+    assert_eq!((e.error.reason, e.retry_after_ms), (ErrorReason::RetryAfter, Some(1500)));
+
+    let r = sb.run(spec(&d, "u", Limits::default())).await;
+    let (why, msg) = reason(&r);
+    assert_eq!(why, ErrorReason::Trap);
+    assert!(msg.contains("unreachable"), "{msg}");
+}
+
+#[tokio::test]
+async fn run_output_over_the_cap_is_fatal() {
+    let sb = Sandbox::new(SandboxConfig {
+        max_instances: 1,
+        max_output_bytes: 8,
+        ..SandboxConfig::default()
+    })
+    .unwrap();
+    let d = sb.validate(&wat::parse_str(TEST_COMPONENT).unwrap()).await.unwrap();
+    let r = sb.run(spec(&d, "echo this back", Limits::default())).await;
+    let (why, msg) = reason(&r);
+    assert_eq!(why, ErrorReason::Fatal);
+    assert!(msg.contains("14 bytes, over the limit of 8 bytes"), "{msg}");
+}
+
+#[tokio::test]
+async fn run_enforces_fuel_memory_and_time() {
+    let (sb, d) = loaded().await;
+    let r = sb.run(spec(&d, "s", Limits { fuel: 1_000_000, ..Limits::default() })).await;
+    assert_eq!(reason(&r), (ErrorReason::OutOfFuel, "used up its fuel limit of 1000000".into()));
+    assert_eq!(r.fuel_used, 1_000_000);
+
+    let r = sb.run(spec(&d, "g", Limits { memory_bytes: 8 << 20, ..Limits::default() })).await;
+    let (why, msg) = reason(&r);
+    assert_eq!(why, ErrorReason::OutOfMemory);
+    assert!(msg.ends_with("over the limit of 8388608 bytes"), "{msg}");
+
+    let limits = Limits { timeout_ms: 300, fuel: u64::MAX, ..Limits::default() };
+    let r = sb.run(spec(&d, "s", limits)).await;
+    assert_eq!(reason(&r), (ErrorReason::Timeout, "exceeded its time limit of 300ms".into()));
+    assert!(r.duration < Duration::from_millis(1000), "{:?}", r.duration);
+}
+
+/// On a single-threaded runtime a spinning guest must still let timers fire: it yields
+/// to the runtime on every epoch tick.
+#[tokio::test(flavor = "current_thread")]
+async fn a_spinning_guest_does_not_starve_the_runtime() {
+    let (sb, d) = loaded().await;
+    let mut s = spec(&d, "s", Limits { fuel: u64::MAX, ..Limits::default() });
+    let cancel = s.cancel.clone();
+    s.cancel = cancel.clone();
+    let t = Instant::now();
+    let canceller = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        cancel.cancel();
+    });
+    let r = sb.run(s).await;
+    canceller.await.unwrap();
+    assert_eq!(reason(&r), (ErrorReason::Host, "attempt cancelled: lease lost".into()));
+    assert!(t.elapsed() < Duration::from_millis(600), "cancel took {:?}", t.elapsed());
+}

@@ -1,0 +1,242 @@
+//! The HTTP API under `/v1`, plus `/healthz`.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use wasq_core::*;
+
+use crate::error::ApiError;
+use crate::{App, MAX_MEMORY_FLOOR};
+
+pub fn router(app: Arc<App>) -> Router {
+    let upload_limit = app.sandbox_config.max_component_bytes + 1;
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/v1/functions", get(list_functions))
+        .route(
+            "/v1/functions/{name}",
+            put(deploy).get(get_function).layer(DefaultBodyLimit::max(upload_limit)),
+        )
+        .route("/v1/functions/{name}/runs", axum::routing::post(create_run))
+        .route("/v1/runs", get(list_runs))
+        .route("/v1/runs/{id}", get(get_run))
+        .route("/v1/runs/{id}/logs", get(get_logs))
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .with_state(app)
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "status": "ok" }))
+}
+
+fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+    q.map(|Query(t)| t).map_err(|e| ApiError::bad_request("bad_query", e.body_text()))
+}
+
+/// Function names appear in URLs, logs and CLI tables: keep them plain.
+fn check_name(name: &str) -> Result<(), ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(
+            "bad_name",
+            format!(
+                "invalid function name {name:?}: use 1-64 letters, digits, '-', '_' or '.', starting with a letter or digit"
+            ),
+        ))
+    }
+}
+
+/// Deploy settings, all optional; query parameters of `PUT /v1/functions/{name}`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeployParams {
+    pub timeout_ms: Option<u64>,
+    pub fuel: Option<u64>,
+    pub memory_bytes: Option<u64>,
+    pub max_attempts: Option<u32>,
+    pub initial_backoff_ms: Option<u64>,
+    pub max_backoff_ms: Option<u64>,
+}
+
+impl DeployParams {
+    fn settings(&self, max_memory: u64) -> Result<FunctionSettings, ApiError> {
+        let d = FunctionSettings::default();
+        let s = FunctionSettings {
+            limits: Limits {
+                timeout_ms: self.timeout_ms.unwrap_or(d.limits.timeout_ms),
+                fuel: self.fuel.unwrap_or(d.limits.fuel),
+                memory_bytes: self.memory_bytes.unwrap_or(d.limits.memory_bytes),
+            },
+            retry: RetryPolicy {
+                max_attempts: self.max_attempts.unwrap_or(d.retry.max_attempts),
+                initial_backoff_ms: self.initial_backoff_ms.unwrap_or(d.retry.initial_backoff_ms),
+                max_backoff_ms: self.max_backoff_ms.unwrap_or(d.retry.max_backoff_ms),
+            },
+        };
+        let bad = |m: String| Err(ApiError::bad_request("bad_settings", m));
+        if !(1..=24 * 3600 * 1000).contains(&s.limits.timeout_ms) {
+            return bad(format!("timeout_ms must be between 1 and 86400000, got {}", s.limits.timeout_ms));
+        }
+        if s.limits.fuel == 0 {
+            return bad("fuel must be at least 1".into());
+        }
+        if !(MAX_MEMORY_FLOOR..=max_memory).contains(&s.limits.memory_bytes) {
+            return bad(format!(
+                "memory_bytes must be between {MAX_MEMORY_FLOOR} and this server's ceiling of {max_memory}, got {}",
+                s.limits.memory_bytes
+            ));
+        }
+        if !(1..=100).contains(&s.retry.max_attempts) {
+            return bad(format!("max_attempts must be between 1 and 100, got {}", s.retry.max_attempts));
+        }
+        if s.retry.initial_backoff_ms > s.retry.max_backoff_ms {
+            return bad("initial_backoff_ms must not exceed max_backoff_ms".into());
+        }
+        Ok(s)
+    }
+}
+
+async fn deploy(
+    State(app): State<Arc<App>>,
+    Path(name): Path<String>,
+    params: Result<Query<DeployParams>, QueryRejection>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    check_name(&name)?;
+    let settings = query(params)?.settings(app.sandbox_config.max_memory_bytes)?;
+    if body.is_empty() {
+        return Err(ApiError::bad_request("bad_component", "the request body is empty: send the component's bytes"));
+    }
+    // Validation compiles the component under limits before anything is stored, so a
+    // component that reaches the store (and a worker) is known to load.
+    let digest = app
+        .sandbox
+        .validate(&body)
+        .await
+        .map_err(|e| ApiError::bad_request("bad_component", e.to_string()))?;
+    let existed = app.store.function(DEFAULT_TENANT, &name).await?.is_some();
+    let function = app
+        .store
+        .deploy(DeployRequest {
+            tenant: DEFAULT_TENANT.into(),
+            name,
+            digest,
+            component: body.to_vec(),
+            settings,
+        })
+        .await?;
+    tracing::info!(function = %function.name, digest = %function.digest, "deployed");
+    let status = if existed { StatusCode::OK } else { StatusCode::CREATED };
+    Ok((status, Json(function)).into_response())
+}
+
+async fn get_function(State(app): State<Arc<App>>, Path(name): Path<String>) -> Result<Json<Function>, ApiError> {
+    let f = app.store.function(DEFAULT_TENANT, &name).await?;
+    f.map(Json).ok_or_else(|| ApiError::not_found(format!("function {name:?} not found")))
+}
+
+async fn list_functions(State(app): State<Arc<App>>) -> Result<Json<Vec<Function>>, ApiError> {
+    Ok(Json(app.store.functions(DEFAULT_TENANT).await?))
+}
+
+async fn create_run(
+    State(app): State<Arc<App>>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    check_name(&name)?;
+    let input = if body.iter().all(u8::is_ascii_whitespace) { b"{}".to_vec() } else { body.to_vec() };
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&input) {
+        return Err(ApiError::bad_request("bad_input", format!("the run input is not valid JSON: {e}")));
+    }
+    let run = app
+        .store
+        .enqueue(EnqueueRequest {
+            tenant: DEFAULT_TENANT.into(),
+            function: name,
+            input,
+            trigger: "api".into(),
+            due_at: None,
+        })
+        .await?;
+    app.wake.notify_one();
+    let location = format!("/v1/runs/{}", run.id);
+    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(run)).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListParams {
+    function: Option<String>,
+    status: Option<String>,
+    limit: Option<usize>,
+}
+
+async fn list_runs(
+    State(app): State<Arc<App>>,
+    params: Result<Query<ListParams>, QueryRejection>,
+) -> Result<Json<Vec<Run>>, ApiError> {
+    let p = query(params)?;
+    let status = p
+        .status
+        .map(|s| s.parse::<RunStatus>())
+        .transpose()
+        .map_err(|e| ApiError::bad_request("bad_query", e))?;
+    let limit = p.limit.unwrap_or(50);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::bad_request("bad_query", format!("limit must be between 1 and 1000, got {limit}")));
+    }
+    let q = RunQuery { tenant: DEFAULT_TENANT.into(), function: p.function, status, limit };
+    Ok(Json(app.store.runs(q).await?))
+}
+
+/// A run as `GET /v1/runs/{id}` shows it: the run, its attempts, steps and first log lines.
+#[derive(Debug, Serialize)]
+struct RunView {
+    #[serde(flatten)]
+    detail: RunDetail,
+    logs: Vec<LogLine>,
+}
+
+const LOGS_IN_RUN_VIEW: usize = 1000;
+
+async fn get_run(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Json<RunView>, ApiError> {
+    let detail = app
+        .store
+        .run(DEFAULT_TENANT, &id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("run {id:?} not found")))?;
+    let mut logs = app.store.logs(DEFAULT_TENANT, &id, 0).await?;
+    logs.truncate(LOGS_IN_RUN_VIEW);
+    Ok(Json(RunView { detail, logs }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LogParams {
+    skip: Option<usize>,
+}
+
+async fn get_logs(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    params: Result<Query<LogParams>, QueryRejection>,
+) -> Result<Json<Vec<LogLine>>, ApiError> {
+    let skip = query(params)?.skip.unwrap_or(0);
+    if app.store.run(DEFAULT_TENANT, &id).await?.is_none() {
+        return Err(ApiError::not_found(format!("run {id:?} not found")));
+    }
+    Ok(Json(app.store.logs(DEFAULT_TENANT, &id, skip).await?))
+}

@@ -1,0 +1,61 @@
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use wasq_core::StoreError;
+
+/// Errors of the library's entry points.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: std::net::SocketAddr, source: std::io::Error },
+    #[error("cannot use data folder {path}: {source}")]
+    DataDir { path: std::path::PathBuf, source: std::io::Error },
+    #[error("data folder {0} is in use by another wasq process")]
+    DataDirInUse(std::path::PathBuf),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("sandbox: {0}")]
+    Sandbox(#[from] wasq_sandbox::SandboxError),
+    #[error("HTTP server failed: {0}")]
+    Serve(std::io::Error),
+}
+
+/// The one error type of the HTTP edge: a status and a sentence, as
+/// `{"error": {"code": "...", "message": "..."}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::BAD_REQUEST, code, message: message.into() }
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::NOT_FOUND, code: "not_found", message: message.into() }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound(what) => ApiError::not_found(format!("{what} not found")),
+            StoreError::Unavailable(_) => {
+                ApiError { status: StatusCode::SERVICE_UNAVAILABLE, code: "unavailable", message: e.to_string() }
+            }
+            e => {
+                tracing::error!(error = %e, "store failure");
+                ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, code: "internal", message: e.to_string() }
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({ "error": { "code": self.code, "message": self.message } });
+        (self.status, Json(body)).into_response()
+    }
+}

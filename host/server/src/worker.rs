@@ -1,0 +1,293 @@
+//! The worker loop: claim due runs into free slots, run each attempt in the sandbox,
+//! stream its logs and steps to the store, and end it with one fenced transition.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use wasq_core::*;
+use wasq_sandbox::{AttemptError, AttemptSpec, Journal, RunInfo};
+
+use crate::App;
+
+/// Attempts in flight, for lease renewal and shutdown.
+#[derive(Default)]
+struct InFlight(Mutex<HashMap<RunId, (Lease, CancellationToken)>>);
+
+impl InFlight {
+    fn leases(&self) -> Vec<Lease> {
+        self.0.lock().unwrap().values().map(|(l, _)| l.clone()).collect()
+    }
+    fn cancel(&self, id: &str) {
+        if let Some((_, c)) = self.0.lock().unwrap().get(id) {
+            c.cancel();
+        }
+    }
+}
+
+pub async fn run(app: Arc<App>, shutdown: CancellationToken) {
+    let slots = Arc::new(Semaphore::new(app.config.concurrency));
+    let in_flight = Arc::new(InFlight::default());
+    // Interrupts attempts still running when the grace period after shutdown ends.
+    let hard_stop = CancellationToken::new();
+    let renewer = tokio::spawn(renew_leases(app.clone(), in_flight.clone(), shutdown.clone(), hard_stop.clone()));
+    let mut attempts = JoinSet::new();
+    let mut store_errors = 0u32;
+
+    while !shutdown.is_cancelled() {
+        let Ok(first) = slots.clone().acquire_owned().await else { break };
+        let free = slots.available_permits() + 1;
+        let req = ClaimRequest { worker: app.worker_id.clone(), limit: free, lease_ms: app.config.lease.as_millis() as u64 };
+        let claimed = match app.store.claim(req).await {
+            Ok(c) => {
+                store_errors = 0;
+                c
+            }
+            Err(e) => {
+                store_errors += 1;
+                tracing::warn!(error = %e, "claim failed; backing off");
+                drop(first);
+                let backoff = Duration::from_millis(100 * 2u64.pow(store_errors.min(6)));
+                tokio::select! { _ = tokio::time::sleep(backoff) => {}, _ = shutdown.cancelled() => {} }
+                continue;
+            }
+        };
+        if claimed.is_empty() {
+            drop(first);
+            tokio::select! {
+                _ = app.wake.notified() => {}
+                _ = tokio::time::sleep(app.config.poll_interval) => {}
+                _ = shutdown.cancelled() => {}
+            }
+            continue;
+        }
+        let mut first = Some(first);
+        for c in claimed {
+            let permit = match first.take() {
+                Some(p) => p,
+                // Claimed no more than the free slots, so this never waits for long.
+                None => slots.clone().acquire_owned().await.expect("semaphore is never closed"),
+            };
+            let cancel = hard_stop.child_token();
+            in_flight.0.lock().unwrap().insert(c.run.id.clone(), (c.lease.clone(), cancel.clone()));
+            let (app, in_flight, hard_stop) = (app.clone(), in_flight.clone(), hard_stop.clone());
+            let span = tracing::info_span!("attempt", run = %c.run.id, function = %c.run.function, attempt = c.run.attempt);
+            attempts.spawn(async move {
+                let id = c.run.id.clone();
+                attempt(&app, c, cancel, &hard_stop).instrument(span).await;
+                in_flight.0.lock().unwrap().remove(&id);
+                drop(permit);
+            });
+        }
+        // Reap finished tasks so the set does not grow without bound.
+        while attempts.try_join_next().is_some() {}
+    }
+
+    // Shutdown: no more claims. Let running attempts finish within the grace period, then
+    // interrupt the rest; they give their runs back (Outcome::Released).
+    let n = attempts.len();
+    if n > 0 {
+        tracing::info!(running = n, grace = ?app.config.shutdown_grace, "waiting for running attempts");
+    }
+    let grace = tokio::time::sleep(app.config.shutdown_grace);
+    tokio::pin!(grace);
+    loop {
+        tokio::select! {
+            next = attempts.join_next() => if next.is_none() { break },
+            _ = &mut grace, if !hard_stop.is_cancelled() => {
+                tracing::warn!(running = attempts.len(), "grace period over; interrupting and releasing");
+                hard_stop.cancel();
+            }
+        }
+    }
+    hard_stop.cancel();
+    let _ = renewer.await;
+}
+
+async fn renew_leases(app: Arc<App>, in_flight: Arc<InFlight>, shutdown: CancellationToken, hard_stop: CancellationToken) {
+    let every = app.config.lease / 3;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = hard_stop.cancelled() => return,
+        }
+        let leases = in_flight.leases();
+        if leases.is_empty() {
+            if shutdown.is_cancelled() {
+                return;
+            }
+            continue;
+        }
+        match app.store.renew(&leases, app.config.lease.as_millis() as u64).await {
+            Ok(lost) => {
+                for id in lost {
+                    tracing::warn!(run = %id, "lease lost; interrupting the attempt");
+                    in_flight.cancel(&id);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "lease renewal failed"),
+        }
+    }
+}
+
+/// Streams an attempt's logs and progress to the store in batches, and stores steps
+/// synchronously (a step is durable before the guest moves on).
+struct StoreJournal {
+    app: Arc<App>,
+    lease: Lease,
+    tx: mpsc::UnboundedSender<Record>,
+}
+
+#[async_trait::async_trait]
+impl Journal for StoreJournal {
+    async fn complete_step(&self, name: &str, occurrence: u32, output: &[u8]) -> Result<(), String> {
+        let rec = Record::Step { name: name.into(), occurrence, output: output.to_vec() };
+        with_retries(|| self.app.store.record(&self.lease, rec.clone()))
+            .await
+            .map_err(|e| format!("could not store step {name:?}: {e}"))
+    }
+    fn log(&self, line: LogLine) {
+        let _ = self.tx.send(Record::Logs(vec![line]));
+    }
+    fn progress(&self, progress: Progress) {
+        let _ = self.tx.send(Record::Progress(progress));
+    }
+}
+
+/// Writes batched records until the journal is dropped and the channel drains.
+async fn flush_records(app: Arc<App>, lease: Lease, mut rx: mpsc::UnboundedReceiver<Record>) {
+    let mut buf = Vec::new();
+    while rx.recv_many(&mut buf, 512).await > 0 {
+        let mut logs = vec![];
+        let mut progress = None;
+        for r in buf.drain(..) {
+            match r {
+                Record::Logs(l) => logs.extend(l),
+                Record::Progress(p) => progress = Some(p),
+                Record::Step { .. } => {}
+            }
+        }
+        if !logs.is_empty() {
+            if let Err(e) = with_retries(|| app.store.record(&lease, Record::Logs(logs.clone()))).await {
+                tracing::warn!(run = %lease.run_id, error = %e, "dropping log lines");
+            }
+        }
+        if let Some(p) = progress {
+            let _ = app.store.record(&lease, Record::Progress(p)).await;
+        }
+        // Batch what arrives within a short window rather than one write per line.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Retries a store call while the store says a retry can help.
+async fn with_retries<T, F, Fut>(mut f: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    let mut delay = Duration::from_millis(50);
+    for _ in 0..6 {
+        match f().await {
+            Err(e) if e.is_retryable() => {
+                tracing::warn!(error = %e, "store call failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            other => return other,
+        }
+    }
+    f().await
+}
+
+fn host_line(attempt: u32, level: LogLevel, message: String) -> LogLine {
+    LogLine { attempt, at: SystemClock.now_ms(), level, source: LogSource::Host, message }
+}
+
+async fn attempt(app: &Arc<App>, claimed: Claimed, cancel: CancellationToken, hard_stop: &CancellationToken) {
+    let Claimed { run, lease, steps } = claimed;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let flusher = tokio::spawn(flush_records(app.clone(), lease.clone(), rx));
+    let journal = Arc::new(StoreJournal { app: app.clone(), lease: lease.clone(), tx: tx.clone() });
+
+    let result = match ensure_loaded(app, &run.digest).await {
+        Ok(()) => {
+            let spec = AttemptSpec {
+                digest: run.digest.clone(),
+                info: RunInfo {
+                    run_id: run.id.clone(),
+                    function: run.function.clone(),
+                    tenant: run.tenant.clone(),
+                    attempt: run.attempt,
+                    max_attempts: run.settings.retry.max_attempts,
+                    trigger: run.trigger.clone(),
+                },
+                input: run.input.clone(),
+                limits: run.settings.limits,
+                steps,
+                journal: journal.clone(),
+                cancel: cancel.clone(),
+            };
+            app.sandbox.run(spec).await
+        }
+        Err(error) => wasq_sandbox::AttemptResult {
+            result: Err(AttemptError { error, retry_after_ms: None }),
+            fuel_used: 0,
+            peak_memory_bytes: 0,
+            duration: Duration::ZERO,
+        },
+    };
+
+    let now = SystemClock.now_ms();
+    let outcome = match result.result {
+        Ok(output) => {
+            tracing::info!(duration = ?result.duration, fuel = result.fuel_used, "attempt succeeded");
+            Outcome::Succeeded { output, fuel_used: Some(result.fuel_used) }
+        }
+        // Interrupted by shutdown, not by the guest: hand the run back untouched.
+        Err(_) if hard_stop.is_cancelled() => Outcome::Released,
+        Err(AttemptError { error, retry_after_ms }) => {
+            let next = run.attempt + 1;
+            let retry_at = error
+                .reason
+                .is_retryable()
+                .then(|| run.settings.retry.backoff_before(next))
+                .flatten()
+                .map(|backoff| now + backoff.max(retry_after_ms.unwrap_or(0)) as i64);
+            let what = match retry_at {
+                Some(t) => format!("; retrying in {} ms (attempt {next})", t - now),
+                None => "; no retries left".into(),
+            };
+            tracing::info!(error = %error, "attempt failed{what}");
+            let _ = tx.send(Record::Logs(vec![host_line(
+                run.attempt,
+                LogLevel::Error,
+                format!("attempt {} failed: {error}{what}", run.attempt),
+            )]));
+            Outcome::Failed { error, retry_at, fuel_used: Some(result.fuel_used) }
+        }
+    };
+    drop((tx, journal));
+    let _ = flusher.await;
+    match with_retries(|| app.store.finish(&lease, outcome.clone())).await {
+        Ok(run) => tracing::debug!(status = %run.status, "attempt recorded"),
+        Err(StoreError::LeaseLost(_)) => tracing::warn!("lease lost before the attempt ended; its result is discarded"),
+        Err(e) => tracing::error!(error = %e, "could not record the end of the attempt; the lease will expire and the run will be retried"),
+    }
+}
+
+async fn ensure_loaded(app: &App, digest: &str) -> Result<(), RunError> {
+    if app.sandbox.is_loaded(digest) {
+        return Ok(());
+    }
+    let host = |m: String| RunError::new(ErrorReason::Host, m);
+    let bytes = with_retries(|| app.store.component(digest))
+        .await
+        .map_err(|e| host(format!("cannot read component {digest}: {e}")))?
+        .ok_or_else(|| host(format!("component {digest} is missing from the store")))?;
+    app.sandbox.load(digest, &bytes).await.map_err(|e| host(format!("cannot load component {digest}: {e}")))
+}

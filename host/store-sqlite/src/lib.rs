@@ -1,0 +1,645 @@
+//! wasq-store-sqlite: the embedded [`Store`] behind `wasq dev` and single-node servers.
+//!
+//! One SQLite file in WAL mode holds components, functions, runs, attempts, steps and
+//! logs. Every Store transition is one `BEGIN IMMEDIATE` transaction, so a `kill -9` at any
+//! point leaves either the state before or the state after it; leases are rows with an
+//! expiry and a per-run fencing token, so runs held by a dead process are handed out again
+//! once their lease expires.
+//!
+//! The connection sits behind a mutex and every call runs on tokio's blocking pool: SQLite
+//! serialises writers anyway, and one connection keeps the transactions simple. This is
+//! not a multi-host backend: several processes on one file work, but use Redis for that.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
+use wasq_core::*;
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS components (
+    digest     TEXT PRIMARY KEY,
+    bytes      BLOB NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS functions (
+    tenant     TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    digest     TEXT NOT NULL REFERENCES components(digest),
+    size_bytes INTEGER NOT NULL,
+    settings   TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (tenant, name)
+);
+CREATE TABLE IF NOT EXISTS runs (
+    id               TEXT PRIMARY KEY,
+    tenant           TEXT NOT NULL,
+    function         TEXT NOT NULL,
+    digest           TEXT NOT NULL,
+    settings         TEXT NOT NULL,
+    status           TEXT NOT NULL,
+    input            BLOB NOT NULL,
+    output           BLOB,
+    error            TEXT,
+    attempt          INTEGER NOT NULL DEFAULT 0,
+    trigger          TEXT NOT NULL,
+    progress         TEXT,
+    created_at       INTEGER NOT NULL,
+    updated_at       INTEGER NOT NULL,
+    due_at           INTEGER NOT NULL,
+    finished_at      INTEGER,
+    lease_token      INTEGER NOT NULL DEFAULT 0,
+    lease_expires_at INTEGER,
+    worker           TEXT
+);
+CREATE INDEX IF NOT EXISTS runs_ready ON runs (due_at, created_at) WHERE status = 'queued';
+CREATE INDEX IF NOT EXISTS runs_leased ON runs (lease_expires_at) WHERE status = 'running';
+CREATE INDEX IF NOT EXISTS runs_by_tenant ON runs (tenant, created_at DESC, id DESC);
+CREATE INDEX IF NOT EXISTS runs_by_function ON runs (tenant, function, created_at DESC, id DESC);
+CREATE TABLE IF NOT EXISTS attempts (
+    run_id      TEXT NOT NULL,
+    number      INTEGER NOT NULL,
+    worker      TEXT NOT NULL,
+    started_at  INTEGER NOT NULL,
+    finished_at INTEGER,
+    error       TEXT,
+    fuel_used   INTEGER,
+    PRIMARY KEY (run_id, number)
+);
+CREATE TABLE IF NOT EXISTS steps (
+    run_id       TEXT NOT NULL,
+    name         TEXT NOT NULL,
+    occurrence   INTEGER NOT NULL,
+    output       BLOB NOT NULL,
+    attempt      INTEGER NOT NULL,
+    completed_at INTEGER NOT NULL,
+    PRIMARY KEY (run_id, name, occurrence)
+);
+CREATE TABLE IF NOT EXISTS logs (
+    run_id  TEXT NOT NULL,
+    seq     INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    at      INTEGER NOT NULL,
+    level   TEXT NOT NULL,
+    source  TEXT NOT NULL,
+    message TEXT NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+"#;
+
+const RUN_COLUMNS: &str = "id, tenant, function, digest, settings, status, input, output, error, \
+     attempt, trigger, progress, created_at, updated_at, due_at, finished_at";
+
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    conn: Arc<Mutex<Connection>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database file at `path`.
+    pub fn open(path: &Path, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
+        let conn = Connection::open(path).map_err(|e| {
+            StoreError::Unavailable(format!("cannot open {}: {e}", path.display()))
+        })?;
+        Self::init(conn, clock)
+    }
+
+    pub fn open_in_memory(clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
+        Self::init(Connection::open_in_memory().map_err(internal)?, clock)
+    }
+
+    fn init(conn: Connection, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
+        // WAL + synchronous=NORMAL: a committed transaction survives the process dying
+        // (kill -9); only an OS crash or power loss can drop the last few commits.
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(internal)?;
+        conn.pragma_update(None, "synchronous", "NORMAL").map_err(internal)?;
+        conn.pragma_update(None, "foreign_keys", "ON").map_err(internal)?;
+        conn.busy_timeout(std::time::Duration::from_secs(10)).map_err(internal)?;
+        conn.execute_batch(SCHEMA).map_err(internal)?;
+        Ok(SqliteStore { conn: Arc::new(Mutex::new(conn)), clock })
+    }
+
+    /// Marks every lease as expired, so the next claim hands those runs out again at once.
+    /// For a process that holds the data folder exclusively: any lease still held was held
+    /// by a predecessor that died, and waiting for its expiry would only delay recovery.
+    pub async fn expire_all_leases(&self) -> Result<usize, StoreError> {
+        self.tx(|tx, now| {
+            tx.execute(
+                "UPDATE runs SET lease_expires_at = ?1 WHERE status = 'running' AND lease_expires_at > ?1",
+                [now],
+            )
+            .map_err(internal)
+        })
+        .await
+    }
+
+    /// Runs `f` in one immediate transaction on the blocking pool, with the current time.
+    async fn tx<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&rusqlite::Transaction<'_>, i64) -> Result<T, StoreError> + Send + 'static,
+    {
+        let conn = self.conn.clone();
+        let now = self.clock.now_ms();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(internal)?;
+            let out = f(&tx, now)?;
+            tx.commit().map_err(internal)?;
+            Ok(out)
+        })
+        .await
+        .map_err(|e| StoreError::Internal(format!("store task failed: {e}")))?
+    }
+}
+
+fn internal(e: rusqlite::Error) -> StoreError {
+    match e {
+        rusqlite::Error::SqliteFailure(ref f, _)
+            if matches!(f.code, rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) =>
+        {
+            StoreError::Unavailable(e.to_string())
+        }
+        e => StoreError::Internal(e.to_string()),
+    }
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(|e| StoreError::Internal(e.to_string()))
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(s: &str) -> rusqlite::Result<T> {
+    serde_json::from_str(s).map_err(|e| rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e)))
+}
+
+fn opt_json<T: serde::de::DeserializeOwned>(s: Option<String>) -> rusqlite::Result<Option<T>> {
+    s.as_deref().map(from_json).transpose()
+}
+
+fn run_from_row(row: &Row<'_>) -> rusqlite::Result<Run> {
+    let status: String = row.get(5)?;
+    Ok(Run {
+        id: row.get(0)?,
+        tenant: row.get(1)?,
+        function: row.get(2)?,
+        digest: row.get(3)?,
+        settings: from_json(&row.get::<_, String>(4)?)?,
+        status: status.parse().map_err(|e: String| {
+            rusqlite::Error::FromSqlConversionFailure(5, rusqlite::types::Type::Text, e.into())
+        })?,
+        input: row.get(6)?,
+        output: row.get(7)?,
+        error: opt_json(row.get(8)?)?,
+        attempt: row.get(9)?,
+        trigger: row.get(10)?,
+        progress: opt_json(row.get(11)?)?,
+        created_at: row.get(12)?,
+        updated_at: row.get(13)?,
+        due_at: row.get(14)?,
+        finished_at: row.get(15)?,
+    })
+}
+
+fn function_from_row(row: &Row<'_>) -> rusqlite::Result<Function> {
+    Ok(Function {
+        tenant: row.get(0)?,
+        name: row.get(1)?,
+        digest: row.get(2)?,
+        size_bytes: row.get(3)?,
+        settings: from_json(&row.get::<_, String>(4)?)?,
+        created_at: row.get(5)?,
+        updated_at: row.get(6)?,
+    })
+}
+
+const FUNCTION_COLUMNS: &str = "tenant, name, digest, size_bytes, settings, created_at, updated_at";
+
+fn load_run(tx: &Connection, id: &str) -> Result<Option<Run>, StoreError> {
+    tx.query_row(&format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1"), [id], run_from_row)
+        .optional()
+        .map_err(internal)
+}
+
+fn load_steps(tx: &Connection, id: &str) -> Result<Vec<StepRecord>, StoreError> {
+    let mut stmt = tx
+        .prepare_cached(
+            "SELECT name, occurrence, output, attempt, completed_at FROM steps
+             WHERE run_id = ?1 ORDER BY completed_at, name, occurrence",
+        )
+        .map_err(internal)?;
+    let rows = stmt
+        .query_map([id], |r| {
+            Ok(StepRecord {
+                name: r.get(0)?,
+                occurrence: r.get(1)?,
+                output: r.get(2)?,
+                attempt: r.get(3)?,
+                completed_at: r.get(4)?,
+            })
+        })
+        .map_err(internal)?;
+    rows.collect::<Result<_, _>>().map_err(internal)
+}
+
+/// Checks the fence: the run is running under exactly this lease.
+fn check_lease(tx: &Connection, lease: &Lease) -> Result<Run, StoreError> {
+    let run = load_run(tx, &lease.run_id)?.ok_or_else(|| StoreError::NotFound(format!("run {}", lease.run_id)))?;
+    let token: u64 = tx
+        .query_row("SELECT lease_token FROM runs WHERE id = ?1", [&lease.run_id], |r| r.get(0))
+        .map_err(internal)?;
+    if run.status != RunStatus::Running || token != lease.token {
+        return Err(StoreError::LeaseLost(lease.run_id.clone()));
+    }
+    Ok(run)
+}
+
+fn close_attempt(
+    tx: &Connection,
+    run: &Run,
+    now: i64,
+    error: Option<&RunError>,
+    fuel_used: Option<u64>,
+) -> Result<(), StoreError> {
+    let error = error.map(to_json).transpose()?;
+    tx.execute(
+        "UPDATE attempts SET finished_at = ?3, error = ?4, fuel_used = ?5
+         WHERE run_id = ?1 AND number = ?2",
+        params![run.id, run.attempt, now, error, fuel_used],
+    )
+    .map_err(internal)?;
+    Ok(())
+}
+
+/// Takes back runs whose worker stopped renewing: queued again, or failed for good.
+fn reap_expired(tx: &Connection, now: i64) -> Result<(), StoreError> {
+    let expired: Vec<(Run, Option<String>)> = {
+        let mut stmt = tx
+            .prepare_cached(&format!(
+                "SELECT {RUN_COLUMNS}, worker FROM runs
+                 WHERE status = 'running' AND lease_expires_at <= ?1"
+            ))
+            .map_err(internal)?;
+        let rows = stmt.query_map([now], |r| Ok((run_from_row(r)?, r.get(16)?))).map_err(internal)?;
+        rows.collect::<Result<_, _>>().map_err(internal)?
+    };
+    for (run, worker) in expired {
+        let error = RunError::new(
+            ErrorReason::LeaseExpired,
+            format!(
+                "worker {} stopped renewing its lease during attempt {}",
+                worker.as_deref().unwrap_or("?"),
+                run.attempt
+            ),
+        );
+        close_attempt(tx, &run, now, Some(&error), None)?;
+        let (status, finished_at) = if lease_loss_is_final(&run) {
+            (RunStatus::Failed, Some(now))
+        } else {
+            (RunStatus::Queued, None)
+        };
+        tx.execute(
+            "UPDATE runs SET status = ?2, error = ?3, due_at = ?4, finished_at = ?5, updated_at = ?4,
+                 lease_expires_at = NULL, worker = NULL
+             WHERE id = ?1",
+            params![run.id, status.as_str(), to_json(&error)?, now, finished_at],
+        )
+        .map_err(internal)?;
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn deploy(&self, req: DeployRequest) -> Result<Function, StoreError> {
+        self.tx(move |tx, now| {
+            tx.execute(
+                "INSERT INTO components (digest, bytes, created_at) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (digest) DO NOTHING",
+                params![req.digest, req.component, now],
+            )
+            .map_err(internal)?;
+            tx.execute(
+                "INSERT INTO functions (tenant, name, digest, size_bytes, settings, created_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)
+                 ON CONFLICT (tenant, name) DO UPDATE SET digest = excluded.digest,
+                     size_bytes = excluded.size_bytes, settings = excluded.settings,
+                     updated_at = excluded.updated_at",
+                params![req.tenant, req.name, req.digest, req.component.len() as u64, to_json(&req.settings)?, now],
+            )
+            .map_err(internal)?;
+            tx.query_row(
+                &format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE tenant = ?1 AND name = ?2"),
+                params![req.tenant, req.name],
+                function_from_row,
+            )
+            .map_err(internal)
+        })
+        .await
+    }
+
+    async fn function(&self, tenant: &str, name: &str) -> Result<Option<Function>, StoreError> {
+        let (tenant, name) = (tenant.to_owned(), name.to_owned());
+        self.tx(move |tx, _| {
+            tx.query_row(
+                &format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE tenant = ?1 AND name = ?2"),
+                params![tenant, name],
+                function_from_row,
+            )
+            .optional()
+            .map_err(internal)
+        })
+        .await
+    }
+
+    async fn functions(&self, tenant: &str) -> Result<Vec<Function>, StoreError> {
+        let tenant = tenant.to_owned();
+        self.tx(move |tx, _| {
+            let mut stmt = tx
+                .prepare_cached(&format!(
+                    "SELECT {FUNCTION_COLUMNS} FROM functions WHERE tenant = ?1 ORDER BY name"
+                ))
+                .map_err(internal)?;
+            let rows = stmt.query_map([tenant], function_from_row).map_err(internal)?;
+            rows.collect::<Result<_, _>>().map_err(internal)
+        })
+        .await
+    }
+
+    async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let digest = digest.to_owned();
+        self.tx(move |tx, _| {
+            tx.query_row("SELECT bytes FROM components WHERE digest = ?1", [digest], |r| r.get(0))
+                .optional()
+                .map_err(internal)
+        })
+        .await
+    }
+
+    async fn enqueue(&self, req: EnqueueRequest) -> Result<Run, StoreError> {
+        let id = uuid::Uuid::now_v7().to_string();
+        self.tx(move |tx, now| {
+            let function = tx
+                .query_row(
+                    &format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE tenant = ?1 AND name = ?2"),
+                    params![req.tenant, req.function],
+                    function_from_row,
+                )
+                .optional()
+                .map_err(internal)?
+                .ok_or_else(|| StoreError::NotFound(format!("function {:?}", req.function)))?;
+            tx.execute(
+                "INSERT INTO runs (id, tenant, function, digest, settings, status, input, trigger,
+                     created_at, updated_at, due_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'queued', ?6, ?7, ?8, ?8, ?9)",
+                params![
+                    id,
+                    req.tenant,
+                    req.function,
+                    function.digest,
+                    to_json(&function.settings)?,
+                    req.input,
+                    req.trigger,
+                    now,
+                    req.due_at.unwrap_or(now)
+                ],
+            )
+            .map_err(internal)?;
+            load_run(tx, &id)?.ok_or_else(|| StoreError::Internal("inserted run vanished".into()))
+        })
+        .await
+    }
+
+    async fn claim(&self, req: ClaimRequest) -> Result<Vec<Claimed>, StoreError> {
+        self.tx(move |tx, now| {
+            reap_expired(tx, now)?;
+            let ids: Vec<String> = {
+                let mut stmt = tx
+                    .prepare_cached(
+                        "SELECT id FROM runs WHERE status = 'queued' AND due_at <= ?1
+                         ORDER BY due_at, created_at, id LIMIT ?2",
+                    )
+                    .map_err(internal)?;
+                let rows = stmt.query_map(params![now, req.limit as i64], |r| r.get(0)).map_err(internal)?;
+                rows.collect::<Result<_, _>>().map_err(internal)?
+            };
+            let expires_at = now + req.lease_ms as i64;
+            let mut claimed = Vec::with_capacity(ids.len());
+            for id in ids {
+                let token: u64 = tx
+                    .query_row(
+                        "UPDATE runs SET status = 'running', attempt = attempt + 1,
+                             lease_token = lease_token + 1, lease_expires_at = ?2, worker = ?3,
+                             updated_at = ?4
+                         WHERE id = ?1 RETURNING lease_token",
+                        params![id, expires_at, req.worker, now],
+                        |r| r.get(0),
+                    )
+                    .map_err(internal)?;
+                let run = load_run(tx, &id)?.ok_or_else(|| StoreError::Internal("claimed run vanished".into()))?;
+                tx.execute(
+                    "INSERT OR REPLACE INTO attempts (run_id, number, worker, started_at) VALUES (?1, ?2, ?3, ?4)",
+                    params![id, run.attempt, req.worker, now],
+                )
+                .map_err(internal)?;
+                let steps = load_steps(tx, &id)?;
+                claimed.push(Claimed { lease: Lease { run_id: id, token, expires_at }, run, steps });
+            }
+            Ok(claimed)
+        })
+        .await
+    }
+
+    async fn renew(&self, leases: &[Lease], lease_ms: u64) -> Result<Vec<RunId>, StoreError> {
+        let leases = leases.to_vec();
+        self.tx(move |tx, now| {
+            let mut lost = vec![];
+            for lease in leases {
+                let n = tx
+                    .execute(
+                        "UPDATE runs SET lease_expires_at = ?3
+                         WHERE id = ?1 AND lease_token = ?2 AND status = 'running'",
+                        params![lease.run_id, lease.token, now + lease_ms as i64],
+                    )
+                    .map_err(internal)?;
+                if n == 0 {
+                    lost.push(lease.run_id);
+                }
+            }
+            Ok(lost)
+        })
+        .await
+    }
+
+    async fn record(&self, lease: &Lease, record: Record) -> Result<(), StoreError> {
+        let lease = lease.clone();
+        self.tx(move |tx, now| {
+            let run = check_lease(tx, &lease)?;
+            match record {
+                Record::Step { name, occurrence, output } => {
+                    // First write wins: a step's output never changes once stored.
+                    tx.execute(
+                        "INSERT INTO steps (run_id, name, occurrence, output, attempt, completed_at)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
+                        params![run.id, name, occurrence, output, run.attempt, now],
+                    )
+                    .map_err(internal)?;
+                }
+                Record::Logs(lines) => {
+                    let mut seq: i64 = tx
+                        .query_row("SELECT COALESCE(MAX(seq), -1) + 1 FROM logs WHERE run_id = ?1", [&run.id], |r| r.get(0))
+                        .map_err(internal)?;
+                    let mut stmt = tx
+                        .prepare_cached(
+                            "INSERT INTO logs (run_id, seq, attempt, at, level, source, message)
+                             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                        )
+                        .map_err(internal)?;
+                    for l in lines {
+                        stmt.execute(params![run.id, seq, l.attempt, l.at, l.level.as_str(), l.source.as_str(), l.message])
+                            .map_err(internal)?;
+                        seq += 1;
+                    }
+                }
+                Record::Progress(p) => {
+                    tx.execute(
+                        "UPDATE runs SET progress = ?2, updated_at = ?3 WHERE id = ?1",
+                        params![run.id, to_json(&p)?, now],
+                    )
+                    .map_err(internal)?;
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn finish(&self, lease: &Lease, outcome: Outcome) -> Result<Run, StoreError> {
+        let lease = lease.clone();
+        self.tx(move |tx, now| {
+            let run = check_lease(tx, &lease)?;
+            match outcome {
+                Outcome::Succeeded { output, fuel_used } => {
+                    close_attempt(tx, &run, now, None, fuel_used)?;
+                    tx.execute(
+                        "UPDATE runs SET status = 'succeeded', output = ?2, error = NULL,
+                             finished_at = ?3, updated_at = ?3, lease_expires_at = NULL
+                         WHERE id = ?1",
+                        params![run.id, output, now],
+                    )
+                    .map_err(internal)?;
+                }
+                Outcome::Failed { error, retry_at, fuel_used } => {
+                    close_attempt(tx, &run, now, Some(&error), fuel_used)?;
+                    let (status, due_at, finished_at) = match retry_at {
+                        Some(t) => (RunStatus::Queued, t, None),
+                        None => (RunStatus::Failed, run.due_at, Some(now)),
+                    };
+                    tx.execute(
+                        "UPDATE runs SET status = ?2, error = ?3, due_at = ?4, finished_at = ?5,
+                             updated_at = ?6, lease_expires_at = NULL, worker = NULL
+                         WHERE id = ?1",
+                        params![run.id, status.as_str(), to_json(&error)?, due_at, finished_at, now],
+                    )
+                    .map_err(internal)?;
+                }
+                Outcome::Released => {
+                    tx.execute("DELETE FROM attempts WHERE run_id = ?1 AND number = ?2", params![run.id, run.attempt])
+                        .map_err(internal)?;
+                    tx.execute(
+                        "UPDATE runs SET status = 'queued', attempt = attempt - 1, due_at = ?2,
+                             updated_at = ?2, lease_expires_at = NULL, worker = NULL
+                         WHERE id = ?1",
+                        params![run.id, now],
+                    )
+                    .map_err(internal)?;
+                }
+            }
+            load_run(tx, &run.id)?.ok_or_else(|| StoreError::Internal("finished run vanished".into()))
+        })
+        .await
+    }
+
+    async fn run(&self, tenant: &str, id: &str) -> Result<Option<RunDetail>, StoreError> {
+        let (tenant, id) = (tenant.to_owned(), id.to_owned());
+        self.tx(move |tx, _| {
+            let Some(run) = load_run(tx, &id)?.filter(|r| r.tenant == tenant) else {
+                return Ok(None);
+            };
+            let attempts = {
+                let mut stmt = tx
+                    .prepare_cached(
+                        "SELECT number, worker, started_at, finished_at, error, fuel_used
+                         FROM attempts WHERE run_id = ?1 ORDER BY number",
+                    )
+                    .map_err(internal)?;
+                let rows = stmt
+                    .query_map([&id], |r| {
+                        Ok(Attempt {
+                            number: r.get(0)?,
+                            worker: r.get(1)?,
+                            started_at: r.get(2)?,
+                            finished_at: r.get(3)?,
+                            error: opt_json(r.get(4)?)?,
+                            fuel_used: r.get(5)?,
+                        })
+                    })
+                    .map_err(internal)?;
+                rows.collect::<Result<_, _>>().map_err(internal)?
+            };
+            let steps = load_steps(tx, &id)?;
+            Ok(Some(RunDetail { run, attempts, steps }))
+        })
+        .await
+    }
+
+    async fn runs(&self, q: RunQuery) -> Result<Vec<Run>, StoreError> {
+        self.tx(move |tx, _| {
+            let mut stmt = tx
+                .prepare_cached(&format!(
+                    "SELECT {RUN_COLUMNS} FROM runs
+                     WHERE tenant = ?1 AND (?2 IS NULL OR function = ?2) AND (?3 IS NULL OR status = ?3)
+                     ORDER BY created_at DESC, id DESC LIMIT ?4"
+                ))
+                .map_err(internal)?;
+            let rows = stmt
+                .query_map(
+                    params![q.tenant, q.function, q.status.map(|s| s.as_str()), q.limit as i64],
+                    run_from_row,
+                )
+                .map_err(internal)?;
+            rows.collect::<Result<_, _>>().map_err(internal)
+        })
+        .await
+    }
+
+    async fn logs(&self, tenant: &str, id: &str, skip: usize) -> Result<Vec<LogLine>, StoreError> {
+        let (tenant, id) = (tenant.to_owned(), id.to_owned());
+        self.tx(move |tx, _| {
+            let mut stmt = tx
+                .prepare_cached(
+                    "SELECT l.attempt, l.at, l.level, l.source, l.message FROM logs l
+                     JOIN runs r ON r.id = l.run_id
+                     WHERE l.run_id = ?1 AND r.tenant = ?2 ORDER BY l.seq LIMIT -1 OFFSET ?3",
+                )
+                .map_err(internal)?;
+            let rows = stmt
+                .query_map(params![id, tenant, skip as i64], |r| {
+                    let level: String = r.get(2)?;
+                    let source: String = r.get(3)?;
+                    Ok(LogLine {
+                        attempt: r.get(0)?,
+                        at: r.get(1)?,
+                        level: from_json(&format!("\"{level}\""))?,
+                        source: from_json(&format!("\"{source}\""))?,
+                        message: r.get(4)?,
+                    })
+                })
+                .map_err(internal)?;
+            rows.collect::<Result<_, _>>().map_err(internal)
+        })
+        .await
+    }
+}

@@ -1,0 +1,51 @@
+//! Durable steps: work that runs once per run, however many attempts the run takes.
+//!
+//! The host stores a step's output before [`run`] returns it. On every later attempt (after a
+//! retryable error, a trap, or a host restart) the same step returns that stored output and
+//! its body is skipped. Code *outside* steps re-runs on every attempt and must be
+//! deterministic: begin the same steps, in the same order, each time.
+
+use crate::Error;
+use crate::bindings::wasq::task::step as wit;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// Runs `body` as the durable step `name`, or returns its output stored by an earlier attempt.
+///
+/// 1. Asks the host whether step `name` already completed in this run.
+/// 2. If it did, parses the stored JSON as `T` and returns it **without calling `body`**.
+/// 3. Otherwise calls `body`. On `Ok(value)` it stores `value` as JSON, then returns it.
+///    On `Err(error)` it returns the error and stores nothing, so the next attempt runs
+///    `body` again.
+///
+/// Names may repeat: the host matches steps by name and by how many times that name was
+/// begun earlier in the attempt (the second `run("fetch", ..)` is the second "fetch" step).
+///
+/// A stored output that no longer parses as `T` (the job's code changed between attempts)
+/// and a value that cannot be serialised are fatal errors.
+///
+/// ```no_run
+/// # use wasq_guest::{step, Error};
+/// # fn fetch_user(id: u64) -> Result<String, Error> { Ok(format!("user {id}")) }
+/// # fn job(id: u64) -> Result<(), Error> {
+/// let user: String = step::run("load-user", || fetch_user(id))?;
+/// # Ok(()) }
+/// ```
+pub fn run<T, F>(name: &str, body: F) -> Result<T, Error>
+where
+    T: Serialize + DeserializeOwned,
+    F: FnOnce() -> Result<T, Error>,
+{
+    if let Some(stored) = wit::begin(name) {
+        return serde_json::from_slice(&stored).map_err(|e| {
+            Error::fatal(format!(
+                "step {name:?}: stored output does not fit the step's type: {e}"
+            ))
+        });
+    }
+    let value = body()?;
+    let output = serde_json::to_vec(&value)
+        .map_err(|e| Error::fatal(format!("step {name:?}: cannot serialise output: {e}")))?;
+    wit::complete(name, &output);
+    Ok(value)
+}

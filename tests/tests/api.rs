@@ -1,0 +1,100 @@
+//! Done-means 5 and the API's answers to bad input: a clear status and message, and
+//! nothing stored.
+
+use wasq_tests::{Daemon, guest};
+
+fn message(body: &serde_json::Value) -> String {
+    body["error"]["message"].as_str().unwrap_or_default().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_uploads_are_refused_with_a_reason_and_nothing_is_stored() {
+    let d = Daemon::start().await;
+    // An empty but valid core module: magic, version 1.
+    let core_module = b"\0asm\x01\0\0\0".to_vec();
+    // An empty but valid component: magic, component version + layer.
+    let empty_component = b"\0asm\x0d\0\x01\0".to_vec();
+    let cases: [(&str, Vec<u8>, &[&str]); 4] = [
+        ("not-wasm", b"#!/bin/sh\necho pwned\n".to_vec(), &["not a WebAssembly"]),
+        ("core-module", core_module, &["core", "module", "component"]),
+        ("no-run-export", empty_component, &["run"]),
+        ("truncated", guest("echo")[..200].to_vec(), &[]),
+    ];
+    for (name, bytes, words) in cases {
+        let (status, body) = d.api.put(&format!("/v1/functions/{name}"), bytes).await;
+        assert_eq!(status, 400, "{name}: {body}");
+        assert_eq!(body["error"]["code"], "bad_component", "{name}: {body}");
+        let msg = message(&body);
+        assert!(!msg.is_empty(), "{name}: a reason is given");
+        for w in words {
+            assert!(msg.to_lowercase().contains(&w.to_lowercase()), "{name}: {msg:?} should mention {w:?}");
+        }
+        let (status, _) = d.api.get(&format!("/v1/functions/{name}")).await;
+        assert_eq!(status, 404, "{name} must not be stored");
+    }
+    let (_, fns) = d.api.get("/v1/functions").await;
+    assert_eq!(fns, serde_json::json!([]), "nothing stored");
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_clear_errors() {
+    let d = Daemon::start().await;
+    d.api.deploy("echo", guest("echo"), "").await;
+
+    let (s, b) = d.api.post("/v1/functions/echo/runs", "{not json").await;
+    assert_eq!(s, 400, "{b}");
+    assert!(message(&b).contains("not valid JSON"), "{b}");
+
+    let (s, b) = d.api.post("/v1/functions/nope/runs", "{}").await;
+    assert_eq!(s, 404, "{b}");
+    assert!(message(&b).contains("nope"), "{b}");
+
+    let (s, b) = d.api.put("/v1/functions/echo?memory_bytes=1", guest("echo")).await;
+    assert_eq!(s, 400, "{b}");
+    assert!(message(&b).contains("memory_bytes"), "{b}");
+
+    let (s, b) = d.api.put("/v1/functions/echo?timeout=5", guest("echo")).await;
+    assert_eq!(s, 400, "unknown setting: {b}");
+    assert!(message(&b).contains("timeout"), "{b}");
+
+    let (s, b) = d.api.put("/v1/functions/bad%20name", guest("echo")).await;
+    assert_eq!(s, 400, "{b}");
+    assert!(message(&b).contains("invalid function name"), "{b}");
+
+    let (s, b) = d.api.get("/v1/runs?status=done").await;
+    assert_eq!(s, 400, "{b}");
+    assert!(message(&b).contains("unknown status"), "{b}");
+
+    let (s, b) = d.api.get("/v1/runs/01234567-no-such-run").await;
+    assert_eq!(s, 404, "{b}");
+
+    // The settings that were refused did not change the deployed function.
+    let (_, f) = d.api.get("/v1/functions/echo").await;
+    assert_eq!(f["settings"]["limits"]["memory_bytes"], 64 << 20);
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_can_be_listed_and_inspected() {
+    let d = Daemon::start().await;
+    d.api.deploy("echo", guest("echo"), "").await;
+    let mut ids = vec![];
+    for i in 0..3 {
+        ids.push(d.api.start_run("echo", &format!(r#"{{"i":{i}}}"#)).await);
+    }
+    for id in &ids {
+        d.api.wait_run(id, std::time::Duration::from_secs(30)).await;
+    }
+    let (s, list) = d.api.get("/v1/runs?function=echo&status=succeeded&limit=2").await;
+    assert_eq!(s, 200);
+    let got: Vec<_> = list.as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(got, [ids[2].clone(), ids[1].clone()], "newest first, limited");
+    let run = d.api.run(&ids[0]).await;
+    assert_eq!(run["output"], serde_json::json!({"i": 0}));
+    assert_eq!(run["input"], serde_json::json!({"i": 0}));
+    assert_eq!(run["trigger"], "api");
+    let (s, health) = d.api.get("/healthz").await;
+    assert_eq!((s, health["status"].as_str()), (200, Some("ok")));
+    d.stop().await;
+}
