@@ -12,9 +12,13 @@ impl Client {
     pub fn new(base: &str) -> Result<Self> {
         let base = base.trim_end_matches('/').to_owned();
         if !(base.starts_with("http://") || base.starts_with("https://")) {
-            return Err(anyhow!("--server / WASQ_SERVER must be an http:// URL, got {base:?}"));
+            return Err(anyhow!(
+                "--server / WASQ_SERVER must be an http:// URL, got {base:?}"
+            ));
         }
-        let http = reqwest::Client::builder().build().context("cannot build the HTTP client")?;
+        let http = reqwest::Client::builder()
+            .build()
+            .context("cannot build the HTTP client")?;
         Ok(Client { base, http })
     }
 
@@ -23,12 +27,26 @@ impl Client {
     }
 
     pub async fn post_json(&self, path: &str, body: String) -> Result<Value> {
-        let req = self.http.post(self.url(path)).header("content-type", "application/json").body(body);
+        let req = self
+            .http
+            .post(self.url(path))
+            .header("content-type", "application/json")
+            .body(body);
         self.send(req).await
     }
 
-    pub async fn put_bytes(&self, path: &str, query: &[(&str, String)], body: Vec<u8>) -> Result<Value> {
-        let req = self.http.put(self.url(path)).query(query).header("content-type", "application/wasm").body(body);
+    pub async fn put_bytes(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+        body: Vec<u8>,
+    ) -> Result<Value> {
+        let req = self
+            .http
+            .put(self.url(path))
+            .query(query)
+            .header("content-type", "application/wasm")
+            .body(body);
         self.send(req).await
     }
 
@@ -45,16 +63,25 @@ impl Client {
             }
         })?;
         let status = resp.status();
-        let body = resp.bytes().await.with_context(|| format!("reading the answer from {}", self.base))?;
+        let body = resp
+            .bytes()
+            .await
+            .with_context(|| format!("reading the answer from {}", self.base))?;
         let json: Option<Value> = serde_json::from_slice(&body).ok();
         if status.is_success() {
-            return json.ok_or_else(|| anyhow!("the server answered {status} with a body that is not JSON"));
+            return json.ok_or_else(|| {
+                anyhow!("the server answered {status} with a body that is not JSON")
+            });
         }
         let message = json
             .as_ref()
             .and_then(|j| j["error"]["message"].as_str().map(str::to_owned))
             .unwrap_or_else(|| String::from_utf8_lossy(&body).trim().to_owned());
-        Err(anyhow!("{} {}: {message}", status.as_u16(), status.canonical_reason().unwrap_or("error")))
+        Err(anyhow!(
+            "{} {}: {message}",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or("error")
+        ))
     }
 }
 

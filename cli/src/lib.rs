@@ -21,7 +21,11 @@ use tokio_util::sync::CancellationToken;
 use client::Client;
 
 #[derive(Debug, Parser)]
-#[command(name = "wasq", version, about = "Run background jobs as sandboxed WebAssembly components")]
+#[command(
+    name = "wasq",
+    version,
+    about = "Run background jobs as sandboxed WebAssembly components"
+)]
 struct Cli {
     /// The wasq server client verbs talk to.
     #[arg(long, global = true, env = "WASQ_SERVER", default_value_t = format!("http://127.0.0.1:{}", wasq_server::DEFAULT_PORT))]
@@ -198,7 +202,12 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Dev(args) => dev(args).await,
         Command::Deploy(args) => deploy(client()?, args).await,
         Command::Run(args) => run(client()?, args).await,
-        Command::Runs(RunsCommand::List { function, status, limit, output }) => {
+        Command::Runs(RunsCommand::List {
+            function,
+            status,
+            limit,
+            output,
+        }) => {
             let mut query = vec![("limit", limit.to_string())];
             query.extend(function.map(|f| ("function", f)));
             query.extend(status.map(|s| ("status", s)));
@@ -207,18 +216,27 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Runs(RunsCommand::Show { id, output }) => {
-            let run = client()?.get(&format!("/v1/runs/{}", client::path_segment(&id)), &[]).await?;
+            let run = client()?
+                .get(&format!("/v1/runs/{}", client::path_segment(&id)), &[])
+                .await?;
             print_run(&run, output);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Runs(RunsCommand::Logs { id, follow, output }) => logs(client()?, &id, follow, output).await,
+        Command::Runs(RunsCommand::Logs { id, follow, output }) => {
+            logs(client()?, &id, follow, output).await
+        }
         Command::Functions(FunctionsCommand::List { output }) => {
             let fns = client()?.get("/v1/functions", &[]).await?;
             print_functions(&fns, output);
             Ok(ExitCode::SUCCESS)
         }
         Command::Functions(FunctionsCommand::Show { name, output }) => {
-            let f = client()?.get(&format!("/v1/functions/{}", client::path_segment(&name)), &[]).await?;
+            let f = client()?
+                .get(
+                    &format!("/v1/functions/{}", client::path_segment(&name)),
+                    &[],
+                )
+                .await?;
             match output {
                 Output::Json => println!("{}", pretty(&f)),
                 Output::Table => print_functions(&Value::Array(vec![f]), Output::Table),
@@ -229,9 +247,14 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
 }
 
 fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,wasmtime=warn,cranelift=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,wasmtime=warn,cranelift=warn")
+    });
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Pretty => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
@@ -256,7 +279,10 @@ async fn dev(args: DevArgs) -> Result<ExitCode> {
         args.data.display()
     );
     tokio::spawn(stop_on_signal(shutdown));
-    running.wait().await.context("wasq dev stopped with an error")?;
+    running
+        .wait()
+        .await
+        .context("wasq dev stopped with an error")?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -277,7 +303,8 @@ async fn stop_on_signal(shutdown: CancellationToken) {
 }
 
 async fn deploy(client: Client, args: DeployArgs) -> Result<ExitCode> {
-    let bytes = std::fs::read(&args.file).with_context(|| format!("cannot read {}", args.file.display()))?;
+    let bytes = std::fs::read(&args.file)
+        .with_context(|| format!("cannot read {}", args.file.display()))?;
     let mut query = vec![];
     let ms = |d: Duration| d.as_millis().to_string();
     query.extend(args.timeout.map(|d| ("timeout_ms", ms(d))));
@@ -302,11 +329,15 @@ async fn deploy(client: Client, args: DeployArgs) -> Result<ExitCode> {
 
 async fn run(client: Client, args: RunArgs) -> Result<ExitCode> {
     let input = match args.input.strip_prefix('@') {
-        Some(file) => std::fs::read_to_string(file).with_context(|| format!("cannot read input file {file}"))?,
+        Some(file) => std::fs::read_to_string(file)
+            .with_context(|| format!("cannot read input file {file}"))?,
         None => args.input.clone(),
     };
     serde_json::from_str::<Value>(&input).context("--input is not valid JSON")?;
-    let path = format!("/v1/functions/{}/runs", client::path_segment(&args.function));
+    let path = format!(
+        "/v1/functions/{}/runs",
+        client::path_segment(&args.function)
+    );
     let run = client.post_json(&path, input).await?;
     let id = str_of(&run["id"]).to_owned();
     if !args.wait {
@@ -362,7 +393,12 @@ async fn logs(client: Client, id: &str, follow: bool, output: Output) -> Result<
     let seg = client::path_segment(id);
     let mut seen = 0usize;
     loop {
-        let lines = client.get(&format!("/v1/runs/{seg}/logs"), &[("skip", seen.to_string())]).await?;
+        let lines = client
+            .get(
+                &format!("/v1/runs/{seg}/logs"),
+                &[("skip", seen.to_string())],
+            )
+            .await?;
         let lines = lines.as_array().cloned().unwrap_or_default();
         seen += lines.len();
         for l in &lines {
@@ -382,7 +418,9 @@ async fn logs(client: Client, id: &str, follow: bool, output: Output) -> Result<
             return Ok(ExitCode::SUCCESS);
         }
         let run = client.get(&format!("/v1/runs/{seg}"), &[]).await?;
-        if matches!(str_of(&run["status"]), "succeeded" | "failed" | "cancelled") && lines.is_empty() {
+        if matches!(str_of(&run["status"]), "succeeded" | "failed" | "cancelled")
+            && lines.is_empty()
+        {
             return Ok(ExitCode::SUCCESS);
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -398,13 +436,22 @@ fn pretty(v: &Value) -> String {
 }
 
 fn compact(v: &Value, max: usize) -> String {
-    let s = if v.is_null() { String::new() } else { v.to_string() };
-    if s.chars().count() > max { format!("{}…", s.chars().take(max - 1).collect::<String>()) } else { s }
+    let s = if v.is_null() {
+        String::new()
+    } else {
+        v.to_string()
+    };
+    if s.chars().count() > max {
+        format!("{}…", s.chars().take(max - 1).collect::<String>())
+    } else {
+        s
+    }
 }
 
 fn table(header: &[&str]) -> comfy_table::Table {
     let mut t = comfy_table::Table::new();
-    t.load_style(comfy_table::presets::NOTHING).set_header(header.to_vec());
+    t.load_style(comfy_table::presets::NOTHING)
+        .set_header(header.to_vec());
     t
 }
 
@@ -415,7 +462,11 @@ fn print_runs(runs: &Value, output: Output) {
     }
     let mut t = table(&["ID", "FUNCTION", "STATUS", "ATTEMPT", "CREATED", "RESULT"]);
     for r in runs.as_array().into_iter().flatten() {
-        let result = if r["error"].is_null() { compact(&r["output"], 48) } else { compact(&r["error"]["reason"], 48) };
+        let result = if r["error"].is_null() {
+            compact(&r["output"], 48)
+        } else {
+            compact(&r["error"]["reason"], 48)
+        };
         t.add_row(vec![
             str_of(&r["id"]).to_owned(),
             str_of(&r["function"]).to_owned(),
@@ -435,23 +486,41 @@ fn print_run(run: &Value, output: Output) {
     }
     let mut t = table(&["FIELD", "VALUE"]);
     for key in ["id", "function", "status", "attempt", "trigger"] {
-        t.add_row(vec![key.to_owned(), compact(&run[key], 100).trim_matches('"').to_owned()]);
+        t.add_row(vec![
+            key.to_owned(),
+            compact(&run[key], 100).trim_matches('"').to_owned(),
+        ]);
     }
-    t.add_row(vec!["created".into(), units::format_time(run["created_at"].as_i64().unwrap_or(0))]);
+    t.add_row(vec![
+        "created".into(),
+        units::format_time(run["created_at"].as_i64().unwrap_or(0)),
+    ]);
     if let Some(f) = run["finished_at"].as_i64() {
         t.add_row(vec!["finished".into(), units::format_time(f)]);
     }
     t.add_row(vec!["input".into(), compact(&run["input"], 100)]);
     t.add_row(vec!["output".into(), compact(&run["output"], 100)]);
     if !run["error"].is_null() {
-        t.add_row(vec!["error".into(), format!("{}: {}", str_of(&run["error"]["reason"]), str_of(&run["error"]["message"]))]);
+        t.add_row(vec![
+            "error".into(),
+            format!(
+                "{}: {}",
+                str_of(&run["error"]["reason"]),
+                str_of(&run["error"]["message"])
+            ),
+        ]);
     }
     println!("{t}");
     let steps = run["steps"].as_array().cloned().unwrap_or_default();
     if !steps.is_empty() {
         let mut t = table(&["STEP", "#", "ATTEMPT", "OUTPUT"]);
         for s in steps {
-            t.add_row(vec![str_of(&s["name"]).to_owned(), s["occurrence"].to_string(), s["attempt"].to_string(), compact(&s["output"], 60)]);
+            t.add_row(vec![
+                str_of(&s["name"]).to_owned(),
+                s["occurrence"].to_string(),
+                s["attempt"].to_string(),
+                compact(&s["output"], 60),
+            ]);
         }
         println!("\n{t}");
     }
@@ -462,7 +531,11 @@ fn print_run(run: &Value, output: Output) {
             let err = if a["error"].is_null() {
                 String::new()
             } else {
-                format!("{}: {}", str_of(&a["error"]["reason"]), str_of(&a["error"]["message"]))
+                format!(
+                    "{}: {}",
+                    str_of(&a["error"]["reason"]),
+                    str_of(&a["error"]["message"])
+                )
             };
             t.add_row(vec![
                 a["number"].to_string(),
@@ -481,12 +554,17 @@ fn print_functions(fns: &Value, output: Output) {
         println!("{}", pretty(fns));
         return;
     }
-    let mut t = table(&["NAME", "DIGEST", "SIZE", "TIMEOUT", "FUEL", "MEMORY", "ATTEMPTS", "UPDATED"]);
+    let mut t = table(&[
+        "NAME", "DIGEST", "SIZE", "TIMEOUT", "FUEL", "MEMORY", "ATTEMPTS", "UPDATED",
+    ]);
     for f in fns.as_array().into_iter().flatten() {
         let s = &f["settings"];
         t.add_row(vec![
             str_of(&f["name"]).to_owned(),
-            str_of(&f["digest"]).get(..12).unwrap_or_default().to_owned(),
+            str_of(&f["digest"])
+                .get(..12)
+                .unwrap_or_default()
+                .to_owned(),
             units::format_size(f["size_bytes"].as_u64().unwrap_or(0)),
             format!("{}ms", s["limits"]["timeout_ms"]),
             s["limits"]["fuel"].to_string(),

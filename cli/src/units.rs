@@ -11,7 +11,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("invalid size {s:?} (examples: 64MiB, 1GiB, 1048576)"))?;
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid size {s:?} (examples: 64MiB, 1GiB, 1048576)"))?;
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kib" => 1 << 10,
@@ -20,9 +22,14 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "mb" => 1_000_000,
         "g" | "gib" => 1 << 30,
         "gb" => 1_000_000_000,
-        _ => return Err(format!("unknown size unit {unit:?} in {s:?} (use B, KiB, MiB, GiB)")),
+        _ => {
+            return Err(format!(
+                "unknown size unit {unit:?} in {s:?} (use B, KiB, MiB, GiB)"
+            ));
+        }
     };
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} is too large"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("size {s:?} is too large"))
 }
 
 /// `10000000000`, `10_000_000_000` or `1e10`.
@@ -32,7 +39,9 @@ pub fn parse_count(s: &str) -> Result<u64, String> {
         return Ok(n);
     }
     match t.parse::<f64>() {
-        Ok(f) if f.is_finite() && f >= 0.0 && f <= u64::MAX as f64 && f.fract() == 0.0 => Ok(f as u64),
+        Ok(f) if f.is_finite() && f >= 0.0 && f <= u64::MAX as f64 && f.fract() == 0.0 => {
+            Ok(f as u64)
+        }
         _ => Err(format!("invalid count {s:?} (examples: 1000000, 1e9)")),
     }
 }
@@ -61,7 +70,11 @@ mod tests {
         assert_eq!(parse_size("64MiB"), Ok(64 << 20));
         assert_eq!(parse_size("1GiB"), Ok(1 << 30));
         assert_eq!(parse_size("4096"), Ok(4096));
-        assert!(parse_size("12 parsecs").unwrap_err().contains("unknown size unit"));
+        assert!(
+            parse_size("12 parsecs")
+                .unwrap_err()
+                .contains("unknown size unit")
+        );
         assert!(parse_size("lots").is_err());
     }
 

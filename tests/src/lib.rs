@@ -15,13 +15,23 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn cargo_build_wasm(manifest: &Path) {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
-        .args(["build", "--quiet", "--release", "--target", "wasm32-wasip2", "--manifest-path"])
+        .args([
+            "build",
+            "--quiet",
+            "--release",
+            "--target",
+            "wasm32-wasip2",
+            "--manifest-path",
+        ])
         .arg(manifest)
         // The outer cargo's flags are for the host target; guests use their own profile.
         .env_remove("RUSTFLAGS")
@@ -29,7 +39,11 @@ fn cargo_build_wasm(manifest: &Path) {
         .env_remove("CARGO_TARGET_DIR")
         .status()
         .expect("cannot run cargo to build guest components");
-    assert!(status.success(), "building guests in {} failed", manifest.display());
+    assert!(
+        status.success(),
+        "building guests in {} failed",
+        manifest.display()
+    );
 }
 
 /// A test guest from tests/guests (e.g. "spin", "two_steps"), built on first use.
@@ -77,13 +91,25 @@ impl Daemon {
         let mut config = test_config(dir.path().join("data"));
         tweak(&mut config);
         let shutdown = CancellationToken::new();
-        let running = wasq_server::start(config, shutdown.clone()).await.expect("daemon starts");
-        Daemon { api: Api::new(running.addr), shutdown, running: Some(running), _dir: dir }
+        let running = wasq_server::start(config, shutdown.clone())
+            .await
+            .expect("daemon starts");
+        Daemon {
+            api: Api::new(running.addr),
+            shutdown,
+            running: Some(running),
+            _dir: dir,
+        }
     }
 
     pub async fn stop(mut self) {
         self.shutdown.cancel();
-        self.running.take().unwrap().wait().await.expect("daemon stops cleanly");
+        self.running
+            .take()
+            .unwrap()
+            .wait()
+            .await
+            .expect("daemon stops cleanly");
     }
 }
 
@@ -102,7 +128,10 @@ pub struct Api {
 
 impl Api {
     pub fn new(addr: SocketAddr) -> Api {
-        Api { base: format!("http://{addr}"), http: reqwest::Client::new() }
+        Api {
+            base: format!("http://{addr}"),
+            http: reqwest::Client::new(),
+        }
     }
 
     async fn send(&self, req: reqwest::RequestBuilder) -> (u16, Value) {
@@ -115,27 +144,41 @@ impl Api {
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        self.send(self.http.get(format!("{}{path}", self.base))).await
+        self.send(self.http.get(format!("{}{path}", self.base)))
+            .await
     }
 
     pub async fn put(&self, path: &str, body: Vec<u8>) -> (u16, Value) {
-        self.send(self.http.put(format!("{}{path}", self.base)).body(body)).await
+        self.send(self.http.put(format!("{}{path}", self.base)).body(body))
+            .await
     }
 
     pub async fn post(&self, path: &str, body: &str) -> (u16, Value) {
-        self.send(self.http.post(format!("{}{path}", self.base)).body(body.to_owned())).await
+        self.send(
+            self.http
+                .post(format!("{}{path}", self.base))
+                .body(body.to_owned()),
+        )
+        .await
     }
 
     /// Deploys and asserts success; `settings` is a query string such as "timeout_ms=500".
     pub async fn deploy(&self, name: &str, component: Vec<u8>, settings: &str) -> Value {
-        let (status, body) = self.put(&format!("/v1/functions/{name}?{settings}"), component).await;
-        assert!(status == 201 || status == 200, "deploy {name}: {status} {body}");
+        let (status, body) = self
+            .put(&format!("/v1/functions/{name}?{settings}"), component)
+            .await;
+        assert!(
+            status == 201 || status == 200,
+            "deploy {name}: {status} {body}"
+        );
         body
     }
 
     /// Starts a run and returns its id.
     pub async fn start_run(&self, function: &str, input: &str) -> String {
-        let (status, body) = self.post(&format!("/v1/functions/{function}/runs"), input).await;
+        let (status, body) = self
+            .post(&format!("/v1/functions/{function}/runs"), input)
+            .await;
         assert_eq!(status, 201, "start {function}: {body}");
         body["id"].as_str().unwrap().to_owned()
     }
@@ -148,18 +191,31 @@ impl Api {
 
     /// Polls until the run is succeeded, failed or cancelled.
     pub async fn wait_run(&self, id: &str, within: Duration) -> Value {
-        self.wait_until(id, within, |r| matches!(r["status"].as_str(), Some("succeeded" | "failed" | "cancelled")))
-            .await
+        self.wait_until(id, within, |r| {
+            matches!(
+                r["status"].as_str(),
+                Some("succeeded" | "failed" | "cancelled")
+            )
+        })
+        .await
     }
 
-    pub async fn wait_until(&self, id: &str, within: Duration, done: impl Fn(&Value) -> bool) -> Value {
+    pub async fn wait_until(
+        &self,
+        id: &str,
+        within: Duration,
+        done: impl Fn(&Value) -> bool,
+    ) -> Value {
         let deadline = Instant::now() + within;
         loop {
             let run = self.run(id).await;
             if done(&run) {
                 return run;
             }
-            assert!(Instant::now() < deadline, "run {id} did not get there within {within:?}: {run:#}");
+            assert!(
+                Instant::now() < deadline,
+                "run {id} did not get there within {within:?}: {run:#}"
+            );
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }
@@ -170,10 +226,18 @@ pub fn wasq() -> Command {
     // Integration tests run from target/<profile>/deps; cargo builds the package's binaries
     // next to that folder before running them.
     let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().and_then(Path::parent).unwrap().join("wasq-e2e");
-    assert!(bin.exists(), "{} missing: run the tests through cargo", bin.display());
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("wasq-e2e");
+    assert!(
+        bin.exists(),
+        "{} missing: run the tests through cargo",
+        bin.display()
+    );
     let mut c = Command::new(bin);
-    c.env_remove("WASQ_SERVER").env("RUST_LOG", "info,wasmtime=warn,cranelift=warn");
+    c.env_remove("WASQ_SERVER").env("RUST_LOG", "warn");
     c
 }
 
@@ -197,12 +261,15 @@ impl DevProcess {
         let api = Api::new(addr);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Ok(r) = reqwest::get(format!("{}/healthz", api.base)).await {
-                if r.status().is_success() {
-                    break;
-                }
+            if let Ok(r) = reqwest::get(format!("{}/healthz", api.base)).await
+                && r.status().is_success()
+            {
+                break;
             }
-            assert!(Instant::now() < deadline, "wasq dev did not come up on {addr}");
+            assert!(
+                Instant::now() < deadline,
+                "wasq dev did not come up on {addr}"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         DevProcess { child, api }
@@ -227,7 +294,11 @@ impl Drop for DevProcess {
 
 /// A loopback port that was free a moment ago.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Runs a CLI command to completion: (exit code, stdout, stderr).

@@ -4,7 +4,10 @@
 use wasq_tests::{Daemon, guest};
 
 fn message(body: &serde_json::Value) -> String {
-    body["error"]["message"].as_str().unwrap_or_default().to_owned()
+    body["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -15,7 +18,11 @@ async fn invalid_uploads_are_refused_with_a_reason_and_nothing_is_stored() {
     // An empty but valid component: magic, component version + layer.
     let empty_component = b"\0asm\x0d\0\x01\0".to_vec();
     let cases: [(&str, Vec<u8>, &[&str]); 4] = [
-        ("not-wasm", b"#!/bin/sh\necho pwned\n".to_vec(), &["not a WebAssembly"]),
+        (
+            "not-wasm",
+            b"#!/bin/sh\necho pwned\n".to_vec(),
+            &["not a WebAssembly"],
+        ),
         ("core-module", core_module, &["core", "module", "component"]),
         ("no-run-export", empty_component, &["run"]),
         ("truncated", guest("echo")[..200].to_vec(), &[]),
@@ -27,7 +34,10 @@ async fn invalid_uploads_are_refused_with_a_reason_and_nothing_is_stored() {
         let msg = message(&body);
         assert!(!msg.is_empty(), "{name}: a reason is given");
         for w in words {
-            assert!(msg.to_lowercase().contains(&w.to_lowercase()), "{name}: {msg:?} should mention {w:?}");
+            assert!(
+                msg.to_lowercase().contains(&w.to_lowercase()),
+                "{name}: {msg:?} should mention {w:?}"
+            );
         }
         let (status, _) = d.api.get(&format!("/v1/functions/{name}")).await;
         assert_eq!(status, 404, "{name} must not be stored");
@@ -50,11 +60,17 @@ async fn bad_requests_get_clear_errors() {
     assert_eq!(s, 404, "{b}");
     assert!(message(&b).contains("nope"), "{b}");
 
-    let (s, b) = d.api.put("/v1/functions/echo?memory_bytes=1", guest("echo")).await;
+    let (s, b) = d
+        .api
+        .put("/v1/functions/echo?memory_bytes=1", guest("echo"))
+        .await;
     assert_eq!(s, 400, "{b}");
     assert!(message(&b).contains("memory_bytes"), "{b}");
 
-    let (s, b) = d.api.put("/v1/functions/echo?timeout=5", guest("echo")).await;
+    let (s, b) = d
+        .api
+        .put("/v1/functions/echo?timeout=5", guest("echo"))
+        .await;
     assert_eq!(s, 400, "unknown setting: {b}");
     assert!(message(&b).contains("timeout"), "{b}");
 
@@ -86,10 +102,22 @@ async fn runs_can_be_listed_and_inspected() {
     for id in &ids {
         d.api.wait_run(id, std::time::Duration::from_secs(30)).await;
     }
-    let (s, list) = d.api.get("/v1/runs?function=echo&status=succeeded&limit=2").await;
+    let (s, list) = d
+        .api
+        .get("/v1/runs?function=echo&status=succeeded&limit=2")
+        .await;
     assert_eq!(s, 200);
-    let got: Vec<_> = list.as_array().unwrap().iter().map(|r| r["id"].as_str().unwrap().to_owned()).collect();
-    assert_eq!(got, [ids[2].clone(), ids[1].clone()], "newest first, limited");
+    let got: Vec<_> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        got,
+        [ids[2].clone(), ids[1].clone()],
+        "newest first, limited"
+    );
     let run = d.api.run(&ids[0]).await;
     assert_eq!(run["output"], serde_json::json!({"i": 0}));
     assert_eq!(run["input"], serde_json::json!({"i": 0}));

@@ -20,13 +20,20 @@ async fn the_readme_tour_works_through_the_cli() {
     let dev = DevProcess::spawn(data.path(), free_port(), &[]).await;
     let server = dev.api.base.clone();
 
-    let (code, out, err) = run_cli(cli(&server).arg("deploy").arg(example_path("hello")).args(["--name", "hello"]));
+    let (code, out, err) = run_cli(
+        cli(&server)
+            .arg("deploy")
+            .arg(example_path("hello"))
+            .args(["--name", "hello"]),
+    );
     assert_eq!(code, 0, "deploy: {out} {err}");
     assert!(out.starts_with("deployed hello"), "{out}");
 
-    let (code, out, err) = run_cli(cli(&server).args(["run", "hello", "--input", r#"{"name":"Ada"}"#, "--wait"]));
+    let (code, out, err) =
+        run_cli(cli(&server).args(["run", "hello", "--input", r#"{"name":"Ada"}"#, "--wait"]));
     assert_eq!(code, 0, "run: {out} {err}");
-    let output: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let output: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(output["greeting"], "Hello, Ada!");
 
     let (code, out, _) = run_cli(cli(&server).args(["runs", "list", "--output", "json"]));
@@ -35,17 +42,33 @@ async fn the_readme_tour_works_through_the_cli() {
     let id = runs[0]["id"].as_str().unwrap().to_owned();
     assert_eq!(runs[0]["status"], "succeeded");
 
-    let (code, out, _) = run_cli(cli(&server).args(["runs", "list", "--function", "hello", "--status", "succeeded"]));
+    let (code, out, _) = run_cli(cli(&server).args([
+        "runs",
+        "list",
+        "--function",
+        "hello",
+        "--status",
+        "succeeded",
+    ]));
     assert_eq!(code, 0);
-    assert!(out.contains(&id) && out.contains("succeeded"), "table lists the run: {out}");
+    assert!(
+        out.contains(&id) && out.contains("succeeded"),
+        "table lists the run: {out}"
+    );
 
     let (code, out, _) = run_cli(cli(&server).args(["runs", "show", &id]));
     assert_eq!(code, 0);
-    assert!(out.contains("compose-greeting") && out.contains("shout"), "steps shown: {out}");
+    assert!(
+        out.contains("compose-greeting") && out.contains("shout"),
+        "steps shown: {out}"
+    );
 
     let (code, out, _) = run_cli(cli(&server).args(["runs", "logs", &id]));
     assert_eq!(code, 0);
-    assert!(out.contains("composing a greeting for Ada"), "guest logs shown: {out}");
+    assert!(
+        out.contains("composing a greeting for Ada"),
+        "guest logs shown: {out}"
+    );
 
     let (code, out, _) = run_cli(cli(&server).args(["functions", "list"]));
     assert_eq!(code, 0);
@@ -54,14 +77,22 @@ async fn the_readme_tour_works_through_the_cli() {
     // Errors are one readable line and a non-zero exit.
     let (code, out, err) = run_cli(cli(&server).args(["run", "missing", "--wait"]));
     assert_eq!(code, 1, "{out}");
-    assert!(err.starts_with("error: 404") && err.contains("missing"), "{err}");
+    assert!(
+        err.starts_with("error: 404") && err.contains("missing"),
+        "{err}"
+    );
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
 
     let (code, _, err) = run_cli(cli(&server).args(["run", "hello", "--input", "{oops"]));
     assert_eq!(code, 1);
     assert!(err.contains("--input is not valid JSON"), "{err}");
 
-    let (code, _, err) = run_cli(cli(&server).arg("deploy").arg(data.path().join("nope.wasm")).args(["--name", "x"]));
+    let (code, _, err) = run_cli(
+        cli(&server)
+            .arg("deploy")
+            .arg(data.path().join("nope.wasm"))
+            .args(["--name", "x"]),
+    );
     assert_eq!(code, 1);
     assert!(err.contains("cannot read"), "{err}");
 
@@ -79,16 +110,30 @@ async fn kill_9_between_two_steps_loses_nothing_and_repeats_no_step() {
     let id = dev.api.start_run("two-steps", r#"{"pause_ms":4000}"#).await;
 
     // Wait until the first step is stored, then kill the daemon in the pause before the second.
-    let run = dev.api.wait_until(&id, WAIT, |r| r["steps"].as_array().is_some_and(|s| !s.is_empty())).await;
+    let run = dev
+        .api
+        .wait_until(&id, WAIT, |r| {
+            r["steps"].as_array().is_some_and(|s| !s.is_empty())
+        })
+        .await;
     assert_eq!(run["status"], "running");
     dev.kill9();
 
     let dev = DevProcess::spawn(data.path(), port, &[]).await;
     let run = dev.api.wait_run(&id, WAIT).await;
     assert_eq!(run["status"], "succeeded", "{run:#}");
-    assert_eq!(run["output"]["first"]["attempt"], 1, "first step kept from attempt 1: {run:#}");
-    assert_eq!(run["output"]["second"]["attempt"], 2, "second step ran in attempt 2: {run:#}");
-    assert_eq!(run["attempts"][0]["error"]["reason"], "lease_expired", "{run:#}");
+    assert_eq!(
+        run["output"]["first"]["attempt"], 1,
+        "first step kept from attempt 1: {run:#}"
+    );
+    assert_eq!(
+        run["output"]["second"]["attempt"], 2,
+        "second step ran in attempt 2: {run:#}"
+    );
+    assert_eq!(
+        run["attempts"][0]["error"]["reason"], "lease_expired",
+        "{run:#}"
+    );
     let bodies = run["logs"]
         .as_array()
         .unwrap()
@@ -98,11 +143,17 @@ async fn kill_9_between_two_steps_loses_nothing_and_repeats_no_step() {
     assert_eq!(bodies, 1, "the first step's body ran exactly once: {run:#}");
     let steps = run["steps"].as_array().unwrap();
     assert_eq!(steps.len(), 2);
-    assert_eq!((steps[0]["name"].as_str(), steps[0]["attempt"].as_u64()), (Some("first"), Some(1)));
+    assert_eq!(
+        (steps[0]["name"].as_str(), steps[0]["attempt"].as_u64()),
+        (Some("first"), Some(1))
+    );
 }
 
 fn sigterm(pid: u32) {
-    let status = Command::new("kill").args(["-TERM", &pid.to_string()]).status().unwrap();
+    let status = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
     assert!(status.success());
 }
 
@@ -112,14 +163,19 @@ async fn sigterm_lets_running_attempts_finish() {
     let mut dev = DevProcess::spawn(data.path(), free_port(), &[]).await;
     dev.api.deploy("two-steps", guest("two_steps"), "").await;
     let id = dev.api.start_run("two-steps", r#"{"pause_ms":1500}"#).await;
-    dev.api.wait_until(&id, WAIT, |r| r["status"] == "running").await;
+    dev.api
+        .wait_until(&id, WAIT, |r| r["status"] == "running")
+        .await;
     sigterm(dev.pid());
     let status = dev.child.wait().unwrap();
     assert!(status.success(), "graceful exit: {status:?}");
 
     let dev = DevProcess::spawn(data.path(), free_port(), &[]).await;
     let run = dev.api.run(&id).await;
-    assert_eq!(run["status"], "succeeded", "finished before exiting: {run:#}");
+    assert_eq!(
+        run["status"], "succeeded",
+        "finished before exiting: {run:#}"
+    );
     assert_eq!(run["attempt"], 1);
 }
 
@@ -128,9 +184,15 @@ async fn sigterm_past_the_grace_period_hands_runs_back() {
     let data = tempfile::tempdir().unwrap();
     let port = free_port();
     let mut dev = DevProcess::spawn(data.path(), port, &["--shutdown-grace", "200ms"]).await;
-    dev.api.deploy("two-steps", guest("two_steps"), "max_attempts=1").await;
+    dev.api
+        .deploy("two-steps", guest("two_steps"), "max_attempts=1")
+        .await;
     let id = dev.api.start_run("two-steps", r#"{"pause_ms":3000}"#).await;
-    dev.api.wait_until(&id, WAIT, |r| r["steps"].as_array().is_some_and(|s| !s.is_empty())).await;
+    dev.api
+        .wait_until(&id, WAIT, |r| {
+            r["steps"].as_array().is_some_and(|s| !s.is_empty())
+        })
+        .await;
     sigterm(dev.pid());
     let status = dev.child.wait().unwrap();
     assert!(status.success(), "graceful exit: {status:?}");
@@ -138,7 +200,10 @@ async fn sigterm_past_the_grace_period_hands_runs_back() {
     let mut dev = DevProcess::spawn(data.path(), port, &["--concurrency", "0"]).await;
     let run = dev.api.run(&id).await;
     assert_eq!(run["status"], "queued", "released, not failed: {run:#}");
-    assert_eq!(run["attempt"], 0, "the interrupted attempt does not count: {run:#}");
+    assert_eq!(
+        run["attempt"], 0,
+        "the interrupted attempt does not count: {run:#}"
+    );
     dev.kill9();
 
     // With max_attempts=1 it still gets its full attempt, and keeps its first step.

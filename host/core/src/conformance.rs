@@ -23,21 +23,55 @@ where
     Fut: Future<Output = S>,
 {
     let scenarios: Vec<(&str, Scenario<S>)> = vec![
-        ("deploy stores the component and replaces the function", |s, c| Box::pin(deploy(s, c))),
-        ("enqueue needs a deployed function", |s, c| Box::pin(enqueue_unknown(s, c))),
-        ("a claimed run is leased to one worker only", |s, c| Box::pin(claim_once(s, c))),
-        ("claims are FIFO by due time and bounded", |s, c| Box::pin(claim_order(s, c))),
-        ("success stores the output; the lease is then spent", |s, c| Box::pin(succeed(s, c))),
-        ("a stale lease cannot record or finish", |s, c| Box::pin(fencing(s, c))),
-        ("steps survive a lost worker and are replayed", |s, c| Box::pin(steps_replay(s, c))),
-        ("failure with retry_at requeues after the backoff", |s, c| Box::pin(retry(s, c))),
-        ("failure without retry_at is final", |s, c| Box::pin(dead(s, c))),
-        ("release gives the run back without using an attempt", |s, c| Box::pin(release(s, c))),
-        ("renewal extends leases and reports lost ones", |s, c| Box::pin(renew(s, c))),
-        ("a run losing workers forever ends failed", |s, c| Box::pin(lease_loss_cap(s, c))),
-        ("a redeploy does not change queued runs", |s, c| Box::pin(pinned_digest(s, c))),
-        ("listing filters and orders newest first", |s, c| Box::pin(listing(s, c))),
-        ("logs and progress are kept in order", |s, c| Box::pin(logs(s, c))),
+        (
+            "deploy stores the component and replaces the function",
+            |s, c| Box::pin(deploy(s, c)),
+        ),
+        ("enqueue needs a deployed function", |s, c| {
+            Box::pin(enqueue_unknown(s, c))
+        }),
+        ("a claimed run is leased to one worker only", |s, c| {
+            Box::pin(claim_once(s, c))
+        }),
+        ("claims are FIFO by due time and bounded", |s, c| {
+            Box::pin(claim_order(s, c))
+        }),
+        (
+            "success stores the output; the lease is then spent",
+            |s, c| Box::pin(succeed(s, c)),
+        ),
+        ("a stale lease cannot record or finish", |s, c| {
+            Box::pin(fencing(s, c))
+        }),
+        ("steps survive a lost worker and are replayed", |s, c| {
+            Box::pin(steps_replay(s, c))
+        }),
+        (
+            "failure with retry_at requeues after the backoff",
+            |s, c| Box::pin(retry(s, c)),
+        ),
+        ("failure without retry_at is final", |s, c| {
+            Box::pin(dead(s, c))
+        }),
+        (
+            "release gives the run back without using an attempt",
+            |s, c| Box::pin(release(s, c)),
+        ),
+        ("renewal extends leases and reports lost ones", |s, c| {
+            Box::pin(renew(s, c))
+        }),
+        ("a run losing workers forever ends failed", |s, c| {
+            Box::pin(lease_loss_cap(s, c))
+        }),
+        ("a redeploy does not change queued runs", |s, c| {
+            Box::pin(pinned_digest(s, c))
+        }),
+        ("listing filters and orders newest first", |s, c| {
+            Box::pin(listing(s, c))
+        }),
+        ("logs and progress are kept in order", |s, c| {
+            Box::pin(logs(s, c))
+        }),
     ];
     for (name, scenario) in scenarios {
         let clock = ManualClock::new(T0);
@@ -50,7 +84,11 @@ where
 fn settings(max_attempts: u32) -> FunctionSettings {
     FunctionSettings {
         limits: Limits::default(),
-        retry: RetryPolicy { max_attempts, initial_backoff_ms: 1_000, max_backoff_ms: 10_000 },
+        retry: RetryPolicy {
+            max_attempts,
+            initial_backoff_ms: 1_000,
+            max_backoff_ms: 10_000,
+        },
     }
 }
 
@@ -82,37 +120,79 @@ async fn enqueue(store: &impl Store, function: &str, input: &str) -> Run {
 
 async fn claim(store: &impl Store, worker: &str, limit: usize) -> Vec<Claimed> {
     store
-        .claim(ClaimRequest { worker: worker.into(), limit, lease_ms: LEASE })
+        .claim(ClaimRequest {
+            worker: worker.into(),
+            limit,
+            lease_ms: LEASE,
+        })
         .await
         .expect("claim")
 }
 
 async fn detail(store: &impl Store, id: &str) -> RunDetail {
-    store.run(DEFAULT_TENANT, id).await.expect("get run").expect("run exists")
+    store
+        .run(DEFAULT_TENANT, id)
+        .await
+        .expect("get run")
+        .expect("run exists")
 }
 
 fn failed(reason: ErrorReason, retry_at: Option<i64>) -> Outcome {
-    Outcome::Failed { error: RunError::new(reason, "boom"), retry_at, fuel_used: Some(7) }
+    Outcome::Failed {
+        error: RunError::new(reason, "boom"),
+        retry_at,
+        fuel_used: Some(7),
+    }
 }
 
 async fn deploy(store: impl Store, clock: ManualClock) {
     let f = deploy_fn(&store, "hello", "d1", 3).await;
-    assert_eq!((f.name.as_str(), f.digest.as_str(), f.created_at), ("hello", "d1", T0));
+    assert_eq!(
+        (f.name.as_str(), f.digest.as_str(), f.created_at),
+        ("hello", "d1", T0)
+    );
     clock.advance(5);
     let f2 = deploy_fn(&store, "hello", "d2", 5).await;
     assert_eq!(f2.digest, "d2");
     assert_eq!(f2.created_at, T0, "a redeploy keeps the creation time");
     assert_eq!(f2.updated_at, T0 + 5);
-    let got = store.function(DEFAULT_TENANT, "hello").await.unwrap().unwrap();
+    let got = store
+        .function(DEFAULT_TENANT, "hello")
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(got, f2);
-    assert_eq!(store.component("d1").await.unwrap(), Some(b"bytes of d1".to_vec()));
-    assert_eq!(store.component("d2").await.unwrap(), Some(b"bytes of d2".to_vec()));
+    assert_eq!(
+        store.component("d1").await.unwrap(),
+        Some(b"bytes of d1".to_vec())
+    );
+    assert_eq!(
+        store.component("d2").await.unwrap(),
+        Some(b"bytes of d2".to_vec())
+    );
     assert_eq!(store.component("nope").await.unwrap(), None);
-    assert!(store.function(DEFAULT_TENANT, "other").await.unwrap().is_none());
-    assert!(store.function("another-tenant", "hello").await.unwrap().is_none());
+    assert!(
+        store
+            .function(DEFAULT_TENANT, "other")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        store
+            .function("another-tenant", "hello")
+            .await
+            .unwrap()
+            .is_none()
+    );
     deploy_fn(&store, "alpha", "d1", 1).await;
-    let names: Vec<_> =
-        store.functions(DEFAULT_TENANT).await.unwrap().into_iter().map(|f| f.name).collect();
+    let names: Vec<_> = store
+        .functions(DEFAULT_TENANT)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|f| f.name)
+        .collect();
     assert_eq!(names, ["alpha", "hello"]);
 }
 
@@ -128,7 +208,10 @@ async fn enqueue_unknown(store: impl Store, _clock: ManualClock) {
         .await
         .expect_err("no such function");
     assert!(matches!(err, StoreError::NotFound(_)), "{err:?}");
-    assert!(store.runs(query(None, None)).await.unwrap().is_empty(), "nothing stored");
+    assert!(
+        store.runs(query(None, None)).await.unwrap().is_empty(),
+        "nothing stored"
+    );
 }
 
 async fn claim_once(store: impl Store, clock: ManualClock) {
@@ -145,9 +228,15 @@ async fn claim_once(store: impl Store, clock: ManualClock) {
     assert_eq!(c.run.input, br#"{"n":1}"#.to_vec());
     assert_eq!(c.lease.expires_at, T0 + LEASE as i64);
     assert!(c.steps.is_empty());
-    assert!(claim(&store, "w2", 10).await.is_empty(), "a leased run is not handed out twice");
+    assert!(
+        claim(&store, "w2", 10).await.is_empty(),
+        "a leased run is not handed out twice"
+    );
     clock.advance(LEASE as i64 - 1);
-    assert!(claim(&store, "w2", 10).await.is_empty(), "not before the lease expires");
+    assert!(
+        claim(&store, "w2", 10).await.is_empty(),
+        "not before the lease expires"
+    );
     let d = detail(&store, &run.id).await;
     assert_eq!(d.attempts.len(), 1);
     assert_eq!(d.attempts[0].worker, "w1");
@@ -172,16 +261,31 @@ async fn claim_order(store: impl Store, clock: ManualClock) {
     let c = enqueue(&store, "f", "3").await;
     let first = claim(&store, "w", 2).await;
     let ids: Vec<_> = first.iter().map(|c| c.run.id.clone()).collect();
-    assert_eq!(ids, [a.id.clone(), b.id.clone()], "oldest due first, at most `limit`");
+    assert_eq!(
+        ids,
+        [a.id.clone(), b.id.clone()],
+        "oldest due first, at most `limit`"
+    );
     let second = claim(&store, "w", 10).await;
     let ids: Vec<_> = second.iter().map(|c| c.run.id.clone()).collect();
-    assert_eq!(ids, [c.id.clone()], "a run due later is not claimed early");
+    assert_eq!(
+        ids,
+        std::slice::from_ref(&c.id),
+        "a run due later is not claimed early"
+    );
     for c in first.into_iter().chain(second) {
-        let done = Outcome::Succeeded { output: b"1".to_vec(), fuel_used: None };
+        let done = Outcome::Succeeded {
+            output: b"1".to_vec(),
+            fuel_used: None,
+        };
         store.finish(&c.lease, done).await.unwrap();
     }
     clock.set(T0 + 60_000);
-    let third: Vec<_> = claim(&store, "w", 10).await.into_iter().map(|c| c.run.id).collect();
+    let third: Vec<_> = claim(&store, "w", 10)
+        .await
+        .into_iter()
+        .map(|c| c.run.id)
+        .collect();
     assert_eq!(third, [later.id]);
 }
 
@@ -191,7 +295,13 @@ async fn succeed(store: impl Store, clock: ManualClock) {
     let c = claim(&store, "w", 1).await.remove(0);
     clock.advance(40);
     let done = store
-        .finish(&c.lease, Outcome::Succeeded { output: br#"{"ok":true}"#.to_vec(), fuel_used: Some(9) })
+        .finish(
+            &c.lease,
+            Outcome::Succeeded {
+                output: br#"{"ok":true}"#.to_vec(),
+                fuel_used: Some(9),
+            },
+        )
         .await
         .unwrap();
     assert_eq!(done.status, RunStatus::Succeeded);
@@ -201,11 +311,19 @@ async fn succeed(store: impl Store, clock: ManualClock) {
     assert_eq!(d.run.status, RunStatus::Succeeded);
     assert_eq!(d.attempts[0].finished_at, Some(T0 + 40));
     assert_eq!(d.attempts[0].fuel_used, Some(9));
-    let again = store.finish(&c.lease, failed(ErrorReason::Trap, None)).await;
+    let again = store
+        .finish(&c.lease, failed(ErrorReason::Trap, None))
+        .await;
     assert!(matches!(again, Err(StoreError::LeaseLost(_))), "{again:?}");
-    assert_eq!(detail(&store, &run.id).await.run.status, RunStatus::Succeeded);
+    assert_eq!(
+        detail(&store, &run.id).await.run.status,
+        RunStatus::Succeeded
+    );
     clock.advance(LEASE as i64 * 2);
-    assert!(claim(&store, "w", 10).await.is_empty(), "finished runs are never claimed");
+    assert!(
+        claim(&store, "w", 10).await.is_empty(),
+        "finished runs are never claimed"
+    );
 }
 
 async fn fencing(store: impl Store, clock: ManualClock) {
@@ -217,20 +335,47 @@ async fn fencing(store: impl Store, clock: ManualClock) {
     assert_eq!(new.run.id, run.id, "an expired lease is handed out again");
     assert!(new.lease.token > old.lease.token, "the fencing token grows");
     assert_eq!(new.run.attempt, 2);
-    let step = Record::Step { name: "s".into(), occurrence: 0, output: b"1".to_vec() };
+    let step = Record::Step {
+        name: "s".into(),
+        occurrence: 0,
+        output: b"1".to_vec(),
+    };
     let r = store.record(&old.lease, step.clone()).await;
-    assert!(matches!(r, Err(StoreError::LeaseLost(_))), "stale step record: {r:?}");
-    let r = store.finish(&old.lease, Outcome::Succeeded { output: b"old".to_vec(), fuel_used: None }).await;
-    assert!(matches!(r, Err(StoreError::LeaseLost(_))), "stale finish: {r:?}");
+    assert!(
+        matches!(r, Err(StoreError::LeaseLost(_))),
+        "stale step record: {r:?}"
+    );
+    let r = store
+        .finish(
+            &old.lease,
+            Outcome::Succeeded {
+                output: b"old".to_vec(),
+                fuel_used: None,
+            },
+        )
+        .await;
+    assert!(
+        matches!(r, Err(StoreError::LeaseLost(_))),
+        "stale finish: {r:?}"
+    );
     store.record(&new.lease, step).await.unwrap();
     let done = store
-        .finish(&new.lease, Outcome::Succeeded { output: b"\"new\"".to_vec(), fuel_used: None })
+        .finish(
+            &new.lease,
+            Outcome::Succeeded {
+                output: b"\"new\"".to_vec(),
+                fuel_used: None,
+            },
+        )
         .await
         .unwrap();
     assert_eq!(done.output.as_deref(), Some(&b"\"new\""[..]));
     let d = detail(&store, &run.id).await;
     assert_eq!(d.attempts.len(), 2);
-    assert_eq!(d.attempts[0].error.as_ref().map(|e| e.reason), Some(ErrorReason::LeaseExpired));
+    assert_eq!(
+        d.attempts[0].error.as_ref().map(|e| e.reason),
+        Some(ErrorReason::LeaseExpired)
+    );
     assert_eq!(d.steps.len(), 1);
     assert_eq!(d.steps[0].attempt, 2);
 }
@@ -241,7 +386,11 @@ async fn steps_replay(store: impl Store, clock: ManualClock) {
     let c = claim(&store, "w1", 1).await.remove(0);
     for (name, occurrence, out) in [("a", 0, "1"), ("a", 1, "2"), ("b", 0, "3")] {
         clock.advance(1);
-        let rec = Record::Step { name: name.into(), occurrence, output: out.as_bytes().to_vec() };
+        let rec = Record::Step {
+            name: name.into(),
+            occurrence,
+            output: out.as_bytes().to_vec(),
+        };
         store.record(&c.lease, rec).await.unwrap();
     }
     clock.advance(LEASE as i64);
@@ -249,37 +398,74 @@ async fn steps_replay(store: impl Store, clock: ManualClock) {
     let mut steps: Vec<_> = again
         .steps
         .iter()
-        .map(|s| (s.name.as_str(), s.occurrence, s.output.as_slice(), s.attempt))
+        .map(|s| {
+            (
+                s.name.as_str(),
+                s.occurrence,
+                s.output.as_slice(),
+                s.attempt,
+            )
+        })
         .collect();
     steps.sort();
-    assert_eq!(steps, [("a", 0, &b"1"[..], 1), ("a", 1, &b"2"[..], 1), ("b", 0, &b"3"[..], 1)]);
+    assert_eq!(
+        steps,
+        [
+            ("a", 0, &b"1"[..], 1),
+            ("a", 1, &b"2"[..], 1),
+            ("b", 0, &b"3"[..], 1)
+        ]
+    );
     let d = detail(&store, &run.id).await;
     assert_eq!(d.steps.len(), 3);
-    assert_eq!(d.steps[0].completed_at, T0 + 1, "steps listed in completion order");
+    assert_eq!(
+        d.steps[0].completed_at,
+        T0 + 1,
+        "steps listed in completion order"
+    );
 }
 
 async fn retry(store: impl Store, clock: ManualClock) {
     deploy_fn(&store, "f", "d", 3).await;
     let run = enqueue(&store, "f", "{}").await;
     let c = claim(&store, "w", 1).await.remove(0);
-    let r = store.finish(&c.lease, failed(ErrorReason::Trap, Some(T0 + 1_000))).await.unwrap();
+    let r = store
+        .finish(&c.lease, failed(ErrorReason::Trap, Some(T0 + 1_000)))
+        .await
+        .unwrap();
     assert_eq!(r.status, RunStatus::Queued);
     assert_eq!(r.due_at, T0 + 1_000);
-    assert_eq!(r.error.as_ref().map(|e| e.reason), Some(ErrorReason::Trap), "last error shown");
+    assert_eq!(
+        r.error.as_ref().map(|e| e.reason),
+        Some(ErrorReason::Trap),
+        "last error shown"
+    );
     clock.advance(999);
-    assert!(claim(&store, "w", 1).await.is_empty(), "not before the backoff");
+    assert!(
+        claim(&store, "w", 1).await.is_empty(),
+        "not before the backoff"
+    );
     clock.advance(1);
     let c2 = claim(&store, "w", 1).await.remove(0);
     assert_eq!(c2.run.attempt, 2);
     store
-        .finish(&c2.lease, Outcome::Succeeded { output: b"1".to_vec(), fuel_used: None })
+        .finish(
+            &c2.lease,
+            Outcome::Succeeded {
+                output: b"1".to_vec(),
+                fuel_used: None,
+            },
+        )
         .await
         .unwrap();
     let d = detail(&store, &run.id).await;
     assert_eq!(d.run.status, RunStatus::Succeeded);
     assert_eq!(d.run.error, None, "a success clears the last error");
     assert_eq!(d.attempts.len(), 2);
-    assert_eq!(d.attempts[0].error.as_ref().map(|e| e.message.as_str()), Some("boom"));
+    assert_eq!(
+        d.attempts[0].error.as_ref().map(|e| e.message.as_str()),
+        Some("boom")
+    );
     assert_eq!(d.attempts[1].error, None);
 }
 
@@ -288,13 +474,19 @@ async fn dead(store: impl Store, clock: ManualClock) {
     let run = enqueue(&store, "f", "{}").await;
     let c = claim(&store, "w", 1).await.remove(0);
     clock.advance(3);
-    let r = store.finish(&c.lease, failed(ErrorReason::OutOfFuel, None)).await.unwrap();
+    let r = store
+        .finish(&c.lease, failed(ErrorReason::OutOfFuel, None))
+        .await
+        .unwrap();
     assert_eq!(r.status, RunStatus::Failed);
     assert_eq!(r.finished_at, Some(T0 + 3));
     assert_eq!(r.error, Some(RunError::new(ErrorReason::OutOfFuel, "boom")));
     clock.advance(LEASE as i64 * 2);
     assert!(claim(&store, "w", 1).await.is_empty());
-    let failed_runs = store.runs(query(None, Some(RunStatus::Failed))).await.unwrap();
+    let failed_runs = store
+        .runs(query(None, Some(RunStatus::Failed)))
+        .await
+        .unwrap();
     assert_eq!(failed_runs.len(), 1);
     assert_eq!(failed_runs[0].id, run.id);
 }
@@ -306,9 +498,15 @@ async fn release(store: impl Store, _clock: ManualClock) {
     let r = store.finish(&c.lease, Outcome::Released).await.unwrap();
     assert_eq!((r.status, r.attempt), (RunStatus::Queued, 0));
     let again = claim(&store, "w", 1).await.remove(0);
-    assert_eq!((again.run.id.as_str(), again.run.attempt), (run.id.as_str(), 1));
+    assert_eq!(
+        (again.run.id.as_str(), again.run.attempt),
+        (run.id.as_str(), 1)
+    );
     assert!(again.lease.token > c.lease.token);
-    assert!(detail(&store, &run.id).await.attempts.len() <= 1, "a released attempt is not history");
+    assert!(
+        detail(&store, &run.id).await.attempts.len() <= 1,
+        "a released attempt is not history"
+    );
 }
 
 async fn renew(store: impl Store, clock: ManualClock) {
@@ -318,17 +516,29 @@ async fn renew(store: impl Store, clock: ManualClock) {
     let got = claim(&store, "w", 2).await;
     let (a, b) = (&got[0], &got[1]);
     clock.advance(LEASE as i64 - 10);
-    let lost = store.renew(&[a.lease.clone()], LEASE).await.unwrap();
+    let lost = store
+        .renew(std::slice::from_ref(&a.lease), LEASE)
+        .await
+        .unwrap();
     assert!(lost.is_empty());
     clock.advance(20);
     // b expired and was taken over; a was renewed and is still held
     let taken = claim(&store, "w2", 10).await;
     assert_eq!(taken.len(), 1);
     assert_eq!(taken[0].run.id, b.run.id);
-    let lost = store.renew(&[a.lease.clone(), b.lease.clone()], LEASE).await.unwrap();
-    assert_eq!(lost, [b.run.id.clone()]);
+    let lost = store
+        .renew(&[a.lease.clone(), b.lease.clone()], LEASE)
+        .await
+        .unwrap();
+    assert_eq!(lost, std::slice::from_ref(&b.run.id));
     store
-        .finish(&a.lease, Outcome::Succeeded { output: b"1".to_vec(), fuel_used: None })
+        .finish(
+            &a.lease,
+            Outcome::Succeeded {
+                output: b"1".to_vec(),
+                fuel_used: None,
+            },
+        )
         .await
         .expect("the renewed lease still commits");
 }
@@ -349,7 +559,10 @@ async fn lease_loss_cap(store: impl Store, clock: ManualClock) {
     assert_eq!(claims, 1 + MAX_LOST_LEASE_EXTRA_ATTEMPTS);
     let d = detail(&store, &run.id).await;
     assert_eq!(d.run.status, RunStatus::Failed);
-    assert_eq!(d.run.error.as_ref().map(|e| e.reason), Some(ErrorReason::LeaseExpired));
+    assert_eq!(
+        d.run.error.as_ref().map(|e| e.reason),
+        Some(ErrorReason::LeaseExpired)
+    );
     assert!(d.run.finished_at.is_some());
 }
 
@@ -365,7 +578,12 @@ async fn pinned_digest(store: impl Store, _clock: ManualClock) {
 }
 
 fn query(function: Option<&str>, status: Option<RunStatus>) -> RunQuery {
-    RunQuery { tenant: DEFAULT_TENANT.into(), function: function.map(Into::into), status, limit: 100 }
+    RunQuery {
+        tenant: DEFAULT_TENANT.into(),
+        function: function.map(Into::into),
+        status,
+        limit: 100,
+    }
 }
 
 async fn listing(store: impl Store, clock: ManualClock) {
@@ -374,22 +592,47 @@ async fn listing(store: impl Store, clock: ManualClock) {
     let mut ids = vec![];
     for i in 0..5 {
         clock.advance(1);
-        ids.push(enqueue(&store, if i % 2 == 0 { "f" } else { "g" }, "{}").await.id);
+        ids.push(
+            enqueue(&store, if i % 2 == 0 { "f" } else { "g" }, "{}")
+                .await
+                .id,
+        );
     }
-    let all: Vec<_> = store.runs(query(None, None)).await.unwrap().into_iter().map(|r| r.id).collect();
+    let all: Vec<_> = store
+        .runs(query(None, None))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
     let newest_first: Vec<_> = ids.iter().rev().cloned().collect();
     assert_eq!(all, newest_first);
-    let f: Vec<_> = store.runs(query(Some("f"), None)).await.unwrap().into_iter().map(|r| r.id).collect();
+    let f: Vec<_> = store
+        .runs(query(Some("f"), None))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
     assert_eq!(f, [ids[4].clone(), ids[2].clone(), ids[0].clone()]);
     let mut q = query(None, None);
     q.limit = 2;
     assert_eq!(store.runs(q).await.unwrap().len(), 2);
     let c = claim(&store, "w", 1).await.remove(0);
-    let running = store.runs(query(None, Some(RunStatus::Running))).await.unwrap();
+    let running = store
+        .runs(query(None, Some(RunStatus::Running)))
+        .await
+        .unwrap();
     assert_eq!(running.len(), 1);
     assert_eq!(running[0].id, c.run.id);
-    let other = RunQuery { tenant: "someone-else".into(), ..query(None, None) };
-    assert!(store.runs(other).await.unwrap().is_empty(), "runs are scoped to their tenant");
+    let other = RunQuery {
+        tenant: "someone-else".into(),
+        ..query(None, None)
+    };
+    assert!(
+        store.runs(other).await.unwrap().is_empty(),
+        "runs are scoped to their tenant"
+    );
     assert!(store.run("someone-else", &ids[0]).await.unwrap().is_none());
 }
 
@@ -404,16 +647,44 @@ async fn logs(store: impl Store, clock: ManualClock) {
         source: LogSource::Guest,
         message: m.into(),
     };
-    store.record(&c.lease, Record::Logs(vec![line("one"), line("two")])).await.unwrap();
-    store.record(&c.lease, Record::Logs(vec![line("three")])).await.unwrap();
-    let p = Progress { percent: 40, message: Some("almost".into()) };
-    store.record(&c.lease, Record::Progress(p.clone())).await.unwrap();
-    let all: Vec<_> =
-        store.logs(DEFAULT_TENANT, &run.id, 0).await.unwrap().into_iter().map(|l| l.message).collect();
+    store
+        .record(&c.lease, Record::Logs(vec![line("one"), line("two")]))
+        .await
+        .unwrap();
+    store
+        .record(&c.lease, Record::Logs(vec![line("three")]))
+        .await
+        .unwrap();
+    let p = Progress {
+        percent: 40,
+        message: Some("almost".into()),
+    };
+    store
+        .record(&c.lease, Record::Progress(p.clone()))
+        .await
+        .unwrap();
+    let all: Vec<_> = store
+        .logs(DEFAULT_TENANT, &run.id, 0)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| l.message)
+        .collect();
     assert_eq!(all, ["one", "two", "three"]);
-    let tail: Vec<_> =
-        store.logs(DEFAULT_TENANT, &run.id, 2).await.unwrap().into_iter().map(|l| l.message).collect();
+    let tail: Vec<_> = store
+        .logs(DEFAULT_TENANT, &run.id, 2)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| l.message)
+        .collect();
     assert_eq!(tail, ["three"]);
     assert_eq!(detail(&store, &run.id).await.run.progress, Some(p));
-    assert!(store.logs("someone-else", &run.id, 0).await.unwrap().is_empty());
+    assert!(
+        store
+            .logs("someone-else", &run.id, 0)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }

@@ -48,7 +48,10 @@ impl RunStatus {
     }
 
     pub fn is_terminal(self) -> bool {
-        matches!(self, RunStatus::Succeeded | RunStatus::Failed | RunStatus::Cancelled)
+        matches!(
+            self,
+            RunStatus::Succeeded | RunStatus::Failed | RunStatus::Cancelled
+        )
     }
 }
 
@@ -61,10 +64,13 @@ impl fmt::Display for RunStatus {
 impl std::str::FromStr for RunStatus {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        RunStatus::ALL.into_iter().find(|st| st.as_str() == s).ok_or_else(|| {
-            let all: Vec<_> = RunStatus::ALL.iter().map(|s| s.as_str()).collect();
-            format!("unknown status {s:?} (expected one of {})", all.join(", "))
-        })
+        RunStatus::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| {
+                let all: Vec<_> = RunStatus::ALL.iter().map(|s| s.as_str()).collect();
+                format!("unknown status {s:?} (expected one of {})", all.join(", "))
+            })
     }
 }
 
@@ -81,7 +87,11 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { timeout_ms: 30_000, fuel: 10_000_000_000, memory_bytes: 64 << 20 }
+        Limits {
+            timeout_ms: 30_000,
+            fuel: 10_000_000_000,
+            memory_bytes: 64 << 20,
+        }
     }
 }
 
@@ -97,7 +107,11 @@ pub struct RetryPolicy {
 
 impl Default for RetryPolicy {
     fn default() -> Self {
-        RetryPolicy { max_attempts: 3, initial_backoff_ms: 1_000, max_backoff_ms: 60_000 }
+        RetryPolicy {
+            max_attempts: 3,
+            initial_backoff_ms: 1_000,
+            max_backoff_ms: 60_000,
+        }
     }
 }
 
@@ -174,7 +188,10 @@ pub struct RunError {
 
 impl RunError {
     pub fn new(reason: ErrorReason, message: impl Into<String>) -> Self {
-        RunError { reason, message: message.into() }
+        RunError {
+            reason,
+            message: message.into(),
+        }
     }
 }
 
@@ -339,7 +356,11 @@ mod tests {
 
     #[test]
     fn backoff_doubles_and_caps() {
-        let p = RetryPolicy { max_attempts: 5, initial_backoff_ms: 100, max_backoff_ms: 350 };
+        let p = RetryPolicy {
+            max_attempts: 5,
+            initial_backoff_ms: 100,
+            max_backoff_ms: 350,
+        };
         assert_eq!(p.backoff_before(2), Some(100));
         assert_eq!(p.backoff_before(3), Some(200));
         assert_eq!(p.backoff_before(4), Some(350));

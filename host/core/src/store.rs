@@ -78,16 +78,27 @@ pub struct Claimed {
 
 #[derive(Debug, Clone)]
 pub enum Record {
-    Step { name: String, occurrence: u32, output: Vec<u8> },
+    Step {
+        name: String,
+        occurrence: u32,
+        output: Vec<u8>,
+    },
     Logs(Vec<LogLine>),
     Progress(Progress),
 }
 
 #[derive(Debug, Clone)]
 pub enum Outcome {
-    Succeeded { output: Vec<u8>, fuel_used: Option<u64> },
+    Succeeded {
+        output: Vec<u8>,
+        fuel_used: Option<u64>,
+    },
     /// `retry_at: Some(t)` queues the run again, due at `t`; `None` ends it as failed.
-    Failed { error: RunError, retry_at: Option<Millis>, fuel_used: Option<u64> },
+    Failed {
+        error: RunError,
+        retry_at: Option<Millis>,
+        fuel_used: Option<u64>,
+    },
     /// Gives the run back untouched (shutdown): queued, due now, the attempt not counted.
     Released,
 }

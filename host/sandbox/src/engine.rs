@@ -166,7 +166,9 @@ impl DiskCache {
     }
 }
 
-/// Readers see either no file or a complete one: write elsewhere, then rename.
+/// Readers see either no file or a complete one: write elsewhere, then rename. Never
+/// write over a cache file in place: loaded artifacts are mmapped, and truncating a
+/// mapped file kills the process with SIGBUS.
 fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let n = TMP_COUNTER.fetch_add(1, Ordering::Relaxed);
     let tmp = path.with_extension(format!("tmp-{}-{n}", std::process::id()));

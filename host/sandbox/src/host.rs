@@ -25,8 +25,8 @@ wasmtime::component::bindgen!({
     // failing journal ends the attempt with a trap instead of a made-up return value.
     imports: { default: async | trappable },
     exports: { default: async },
-    // WASI comes from wasmtime-wasi (linked by `wasmtime_wasi::p2::add_to_linker_async`);
-    // generating our own copy would give the world a second, incompatible set of traits.
+    // The world includes wasi:cli/imports; without this bindgen would generate WASI traits
+    // of its own for us to implement. wasmtime-wasi's implementation is linked instead.
     with: { "wasi": wasmtime_wasi::p2::bindings },
 });
 

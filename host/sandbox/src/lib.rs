@@ -350,8 +350,10 @@ impl Sandbox {
         .await
     }
 
-    /// Runs one attempt in a fresh store. Never panics: every failure, including a bug in
-    /// this crate, comes back as an [`AttemptError`].
+    /// Runs one attempt in a fresh store. Waits for a free pool slot first (at most
+    /// `max_instances` attempts run at once); the time limit starts once it has one.
+    /// Never panics: every failure, including a bug in this crate, comes back as an
+    /// [`AttemptError`].
     pub async fn run(&self, spec: AttemptSpec) -> AttemptResult {
         let start = Instant::now();
         // A task of its own: a panic is contained, and the guest's epoch yields let other
@@ -598,6 +600,11 @@ async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant) -> Attemp
     };
     logs.finish();
 
+    // Exact when the guest returned or ran out of fuel. When an epoch tick stopped it
+    // (timeout, cancel) this under-counts: compiled code keeps fuel in a register and
+    // writes it back to the store at calls and returns, and wasmtime 48's epoch check
+    // does not write it back before its callback. A guest spinning in a call-free loop
+    // shows only the fuel burnt before the loop.
     let fuel_used = limits.fuel.saturating_sub(store.get_fuel().unwrap_or(0));
     let st = store.data();
     let peak = st.limiter.peak;

@@ -235,7 +235,8 @@ const TEST_COMPONENT: &str = r#"
     (case "retry-after" (tuple u64 string))))
   (export $run-error "run-error" (type $run-error'))
   (func (export "run") (param "input" (list u8)) (result (result (list u8) (error $run-error)))
-    (canon lift (core func $i "run") (memory $i "memory") (realloc (func $i "cabi_realloc"))))
+    (canon lift (core func $i "run") (memory (core memory $i "memory"))
+      (realloc (core func $i "cabi_realloc"))))
 )
 "#;
 
@@ -252,7 +253,10 @@ impl Journal for Nop {
 
 async fn loaded() -> (Sandbox, String) {
     let sb = sandbox();
-    let digest = sb.validate(&wat::parse_str(TEST_COMPONENT).unwrap()).await.unwrap();
+    let digest = sb
+        .validate(&wat::parse_str(TEST_COMPONENT).unwrap())
+        .await
+        .unwrap();
     (sb, digest)
 }
 
@@ -280,12 +284,20 @@ async fn run_returns_output_and_guest_errors() {
     assert_eq!(r.result.as_deref(), Ok(&b"echo"[..]));
     assert!(r.fuel_used > 0 && r.peak_memory_bytes >= 65536, "{r:?}");
 
-    let r = sb.run(spec(&d, "fatal: no such user", Limits::default())).await;
-    assert_eq!(reason(&r), (ErrorReason::Fatal, "fatal: no such user".into()));
+    let r = sb
+        .run(spec(&d, "fatal: no such user", Limits::default()))
+        .await;
+    assert_eq!(
+        reason(&r),
+        (ErrorReason::Fatal, "fatal: no such user".into())
+    );
 
     let r = sb.run(spec(&d, "rate limited", Limits::default())).await;
     let e = r.result.unwrap_err();
-    assert_eq!((e.error.reason, e.retry_after_ms), (ErrorReason::RetryAfter, Some(1500)));
+    assert_eq!(
+        (e.error.reason, e.retry_after_ms),
+        (ErrorReason::RetryAfter, Some(1500))
+    );
 
     let r = sb.run(spec(&d, "u", Limits::default())).await;
     let (why, msg) = reason(&r);
@@ -301,7 +313,10 @@ async fn run_output_over_the_cap_is_fatal() {
         ..SandboxConfig::default()
     })
     .unwrap();
-    let d = sb.validate(&wat::parse_str(TEST_COMPONENT).unwrap()).await.unwrap();
+    let d = sb
+        .validate(&wat::parse_str(TEST_COMPONENT).unwrap())
+        .await
+        .unwrap();
     let r = sb.run(spec(&d, "echo this back", Limits::default())).await;
     let (why, msg) = reason(&r);
     assert_eq!(why, ErrorReason::Fatal);
@@ -311,18 +326,52 @@ async fn run_output_over_the_cap_is_fatal() {
 #[tokio::test]
 async fn run_enforces_fuel_memory_and_time() {
     let (sb, d) = loaded().await;
-    let r = sb.run(spec(&d, "s", Limits { fuel: 1_000_000, ..Limits::default() })).await;
-    assert_eq!(reason(&r), (ErrorReason::OutOfFuel, "used up its fuel limit of 1000000".into()));
+    let r = sb
+        .run(spec(
+            &d,
+            "s",
+            Limits {
+                fuel: 1_000_000,
+                ..Limits::default()
+            },
+        ))
+        .await;
+    assert_eq!(
+        reason(&r),
+        (
+            ErrorReason::OutOfFuel,
+            "used up its fuel limit of 1000000".into()
+        )
+    );
     assert_eq!(r.fuel_used, 1_000_000);
 
-    let r = sb.run(spec(&d, "g", Limits { memory_bytes: 8 << 20, ..Limits::default() })).await;
+    let r = sb
+        .run(spec(
+            &d,
+            "g",
+            Limits {
+                memory_bytes: 8 << 20,
+                ..Limits::default()
+            },
+        ))
+        .await;
     let (why, msg) = reason(&r);
     assert_eq!(why, ErrorReason::OutOfMemory);
     assert!(msg.ends_with("over the limit of 8388608 bytes"), "{msg}");
 
-    let limits = Limits { timeout_ms: 300, fuel: u64::MAX, ..Limits::default() };
+    let limits = Limits {
+        timeout_ms: 300,
+        fuel: u64::MAX,
+        ..Limits::default()
+    };
     let r = sb.run(spec(&d, "s", limits)).await;
-    assert_eq!(reason(&r), (ErrorReason::Timeout, "exceeded its time limit of 300ms".into()));
+    assert_eq!(
+        reason(&r),
+        (
+            ErrorReason::Timeout,
+            "exceeded its time limit of 300ms".into()
+        )
+    );
     assert!(r.duration < Duration::from_millis(1000), "{:?}", r.duration);
 }
 
@@ -331,7 +380,14 @@ async fn run_enforces_fuel_memory_and_time() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_spinning_guest_does_not_starve_the_runtime() {
     let (sb, d) = loaded().await;
-    let mut s = spec(&d, "s", Limits { fuel: u64::MAX, ..Limits::default() });
+    let mut s = spec(
+        &d,
+        "s",
+        Limits {
+            fuel: u64::MAX,
+            ..Limits::default()
+        },
+    );
     let cancel = s.cancel.clone();
     s.cancel = cancel.clone();
     let t = Instant::now();
@@ -341,6 +397,76 @@ async fn a_spinning_guest_does_not_starve_the_runtime() {
     });
     let r = sb.run(s).await;
     canceller.await.unwrap();
-    assert_eq!(reason(&r), (ErrorReason::Host, "attempt cancelled: lease lost".into()));
-    assert!(t.elapsed() < Duration::from_millis(600), "cancel took {:?}", t.elapsed());
+    assert_eq!(
+        reason(&r),
+        (ErrorReason::Host, "attempt cancelled: lease lost".into())
+    );
+    assert!(
+        t.elapsed() < Duration::from_millis(600),
+        "cancel took {:?}",
+        t.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn load_uses_the_disk_cache_and_survives_a_corrupt_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = SandboxConfig {
+        cache_dir: Some(dir.path().into()),
+        max_instances: 1,
+        ..SandboxConfig::default()
+    };
+    let bytes = wat::parse_str(TEST_COMPONENT).unwrap();
+    let d = Sandbox::new(config.clone())
+        .unwrap()
+        .validate(&bytes)
+        .await
+        .unwrap();
+    let cached: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(cached.len(), 1, "{cached:?}");
+    assert!(
+        cached[0]
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with(&d)
+    );
+
+    let sb = Sandbox::new(config.clone()).unwrap();
+    assert!(!sb.is_loaded(&d));
+    let err = sb.load(&d, b"other bytes").await.unwrap_err();
+    assert!(err.to_string().contains("do not match"), "{err}");
+    sb.load(&d, &bytes).await.unwrap();
+    assert!(sb.is_loaded(&d));
+    assert_eq!(
+        sb.run(spec(&d, "echo", Limits::default()))
+            .await
+            .result
+            .as_deref(),
+        Ok(&b"echo"[..])
+    );
+
+    // Replaced, not overwritten in place: the sandbox above has the file mapped, and
+    // truncating a mapped file kills the process with SIGBUS.
+    let tmp = dir.path().join("tmp");
+    std::fs::write(&tmp, b"not an artifact").unwrap();
+    std::fs::rename(&tmp, &cached[0]).unwrap();
+    let sb = Sandbox::new(config).unwrap();
+    sb.load(&d, &bytes).await.unwrap();
+    assert_eq!(
+        sb.run(spec(&d, "echo", Limits::default()))
+            .await
+            .result
+            .as_deref(),
+        Ok(&b"echo"[..])
+    );
+    assert_ne!(
+        std::fs::read(&cached[0]).unwrap(),
+        b"not an artifact",
+        "the entry is rewritten"
+    );
 }

@@ -22,7 +22,9 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/functions", get(list_functions))
         .route(
             "/v1/functions/{name}",
-            put(deploy).get(get_function).layer(DefaultBodyLimit::max(upload_limit)),
+            put(deploy)
+                .get(get_function)
+                .layer(DefaultBodyLimit::max(upload_limit)),
         )
         .route("/v1/functions/{name}/runs", axum::routing::post(create_run))
         .route("/v1/runs", get(list_runs))
@@ -37,15 +39,21 @@ async fn healthz() -> Json<serde_json::Value> {
 }
 
 fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
-    q.map(|Query(t)| t).map_err(|e| ApiError::bad_request("bad_query", e.body_text()))
+    q.map(|Query(t)| t)
+        .map_err(|e| ApiError::bad_request("bad_query", e.body_text()))
 }
 
 /// Function names appear in URLs, logs and CLI tables: keep them plain.
 fn check_name(name: &str) -> Result<(), ApiError> {
     let ok = !name.is_empty()
         && name.len() <= 64
-        && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        && name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
     if ok {
         Ok(())
     } else {
@@ -81,13 +89,18 @@ impl DeployParams {
             },
             retry: RetryPolicy {
                 max_attempts: self.max_attempts.unwrap_or(d.retry.max_attempts),
-                initial_backoff_ms: self.initial_backoff_ms.unwrap_or(d.retry.initial_backoff_ms),
+                initial_backoff_ms: self
+                    .initial_backoff_ms
+                    .unwrap_or(d.retry.initial_backoff_ms),
                 max_backoff_ms: self.max_backoff_ms.unwrap_or(d.retry.max_backoff_ms),
             },
         };
         let bad = |m: String| Err(ApiError::bad_request("bad_settings", m));
         if !(1..=24 * 3600 * 1000).contains(&s.limits.timeout_ms) {
-            return bad(format!("timeout_ms must be between 1 and 86400000, got {}", s.limits.timeout_ms));
+            return bad(format!(
+                "timeout_ms must be between 1 and 86400000, got {}",
+                s.limits.timeout_ms
+            ));
         }
         if s.limits.fuel == 0 {
             return bad("fuel must be at least 1".into());
@@ -99,7 +112,10 @@ impl DeployParams {
             ));
         }
         if !(1..=100).contains(&s.retry.max_attempts) {
-            return bad(format!("max_attempts must be between 1 and 100, got {}", s.retry.max_attempts));
+            return bad(format!(
+                "max_attempts must be between 1 and 100, got {}",
+                s.retry.max_attempts
+            ));
         }
         if s.retry.initial_backoff_ms > s.retry.max_backoff_ms {
             return bad("initial_backoff_ms must not exceed max_backoff_ms".into());
@@ -117,7 +133,10 @@ async fn deploy(
     check_name(&name)?;
     let settings = query(params)?.settings(app.sandbox_config.max_memory_bytes)?;
     if body.is_empty() {
-        return Err(ApiError::bad_request("bad_component", "the request body is empty: send the component's bytes"));
+        return Err(ApiError::bad_request(
+            "bad_component",
+            "the request body is empty: send the component's bytes",
+        ));
     }
     // Validation compiles the component under limits before anything is stored, so a
     // component that reaches the store (and a worker) is known to load.
@@ -138,13 +157,21 @@ async fn deploy(
         })
         .await?;
     tracing::info!(function = %function.name, digest = %function.digest, "deployed");
-    let status = if existed { StatusCode::OK } else { StatusCode::CREATED };
+    let status = if existed {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
     Ok((status, Json(function)).into_response())
 }
 
-async fn get_function(State(app): State<Arc<App>>, Path(name): Path<String>) -> Result<Json<Function>, ApiError> {
+async fn get_function(
+    State(app): State<Arc<App>>,
+    Path(name): Path<String>,
+) -> Result<Json<Function>, ApiError> {
     let f = app.store.function(DEFAULT_TENANT, &name).await?;
-    f.map(Json).ok_or_else(|| ApiError::not_found(format!("function {name:?} not found")))
+    f.map(Json)
+        .ok_or_else(|| ApiError::not_found(format!("function {name:?} not found")))
 }
 
 async fn list_functions(State(app): State<Arc<App>>) -> Result<Json<Vec<Function>>, ApiError> {
@@ -157,9 +184,16 @@ async fn create_run(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     check_name(&name)?;
-    let input = if body.iter().all(u8::is_ascii_whitespace) { b"{}".to_vec() } else { body.to_vec() };
+    let input = if body.iter().all(u8::is_ascii_whitespace) {
+        b"{}".to_vec()
+    } else {
+        body.to_vec()
+    };
     if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&input) {
-        return Err(ApiError::bad_request("bad_input", format!("the run input is not valid JSON: {e}")));
+        return Err(ApiError::bad_request(
+            "bad_input",
+            format!("the run input is not valid JSON: {e}"),
+        ));
     }
     let run = app
         .store
@@ -173,7 +207,12 @@ async fn create_run(
         .await?;
     app.wake.notify_one();
     let location = format!("/v1/runs/{}", run.id);
-    Ok((StatusCode::CREATED, [(header::LOCATION, location)], Json(run)).into_response())
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(run),
+    )
+        .into_response())
 }
 
 #[derive(Debug, Deserialize)]
@@ -196,9 +235,17 @@ async fn list_runs(
         .map_err(|e| ApiError::bad_request("bad_query", e))?;
     let limit = p.limit.unwrap_or(50);
     if !(1..=1000).contains(&limit) {
-        return Err(ApiError::bad_request("bad_query", format!("limit must be between 1 and 1000, got {limit}")));
+        return Err(ApiError::bad_request(
+            "bad_query",
+            format!("limit must be between 1 and 1000, got {limit}"),
+        ));
     }
-    let q = RunQuery { tenant: DEFAULT_TENANT.into(), function: p.function, status, limit };
+    let q = RunQuery {
+        tenant: DEFAULT_TENANT.into(),
+        function: p.function,
+        status,
+        limit,
+    };
     Ok(Json(app.store.runs(q).await?))
 }
 
@@ -212,7 +259,10 @@ struct RunView {
 
 const LOGS_IN_RUN_VIEW: usize = 1000;
 
-async fn get_run(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Json<RunView>, ApiError> {
+async fn get_run(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> Result<Json<RunView>, ApiError> {
     let detail = app
         .store
         .run(DEFAULT_TENANT, &id)

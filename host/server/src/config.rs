@@ -28,9 +28,14 @@ impl Config {
     pub fn dev(data_dir: PathBuf) -> Self {
         Config {
             listen: SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT)),
-            sandbox: SandboxConfig { cache_dir: Some(data_dir.join("cache")), ..SandboxConfig::default() },
+            sandbox: SandboxConfig {
+                cache_dir: Some(data_dir.join("cache")),
+                ..SandboxConfig::default()
+            },
             data_dir,
-            concurrency: std::thread::available_parallelism().map(|n| n.get() * 4).unwrap_or(8),
+            concurrency: std::thread::available_parallelism()
+                .map(|n| n.get() * 4)
+                .unwrap_or(8),
             lease: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),
             poll_interval: Duration::from_millis(200),

@@ -7,9 +7,15 @@ use wasq_core::StoreError;
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     #[error("cannot listen on {addr}: {source}")]
-    Listen { addr: std::net::SocketAddr, source: std::io::Error },
+    Listen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
     #[error("cannot use data folder {path}: {source}")]
-    DataDir { path: std::path::PathBuf, source: std::io::Error },
+    DataDir {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
     #[error("data folder {0} is in use by another wasq process")]
     DataDirInUse(std::path::PathBuf),
     #[error(transparent)]
@@ -31,10 +37,18 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::BAD_REQUEST, code, message: message.into() }
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            code,
+            message: message.into(),
+        }
     }
     pub fn not_found(message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::NOT_FOUND, code: "not_found", message: message.into() }
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            code: "not_found",
+            message: message.into(),
+        }
     }
 }
 
@@ -42,12 +56,18 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::NotFound(what) => ApiError::not_found(format!("{what} not found")),
-            StoreError::Unavailable(_) => {
-                ApiError { status: StatusCode::SERVICE_UNAVAILABLE, code: "unavailable", message: e.to_string() }
-            }
+            StoreError::Unavailable(_) => ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                code: "unavailable",
+                message: e.to_string(),
+            },
             e => {
                 tracing::error!(error = %e, "store failure");
-                ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, code: "internal", message: e.to_string() }
+                ApiError {
+                    status: StatusCode::INTERNAL_SERVER_ERROR,
+                    code: "internal",
+                    message: e.to_string(),
+                }
             }
         }
     }

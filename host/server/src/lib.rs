@@ -55,7 +55,9 @@ pub struct Running {
 impl Running {
     /// Waits until the daemon has stopped (after the shutdown token fired).
     pub async fn wait(self) -> Result<(), ServerError> {
-        self.task.await.unwrap_or_else(|e| Err(ServerError::Serve(std::io::Error::other(e))))
+        self.task
+            .await
+            .unwrap_or_else(|e| Err(ServerError::Serve(std::io::Error::other(e))))
     }
 }
 
@@ -67,18 +69,27 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
 /// Opens the store, binds the listener and spawns the API and the worker.
 pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Running, ServerError> {
     let dir = &config.data_dir;
-    std::fs::create_dir_all(dir).map_err(|source| ServerError::DataDir { path: dir.clone(), source })?;
+    std::fs::create_dir_all(dir).map_err(|source| ServerError::DataDir {
+        path: dir.clone(),
+        source,
+    })?;
     let lock = lock_data_dir(dir)?;
     let store = SqliteStore::open(&dir.join("wasq.db"), Arc::new(SystemClock))?;
     // We hold the folder alone, so any run still leased was leased by a process that died.
     let abandoned = store.expire_all_leases().await?;
     if abandoned > 0 {
-        tracing::warn!(runs = abandoned, "recovering runs left running by a previous process");
+        tracing::warn!(
+            runs = abandoned,
+            "recovering runs left running by a previous process"
+        );
     }
     let sandbox = Sandbox::new(config.sandbox.clone())?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
-        .map_err(|source| ServerError::Listen { addr: config.listen, source })?;
+        .map_err(|source| ServerError::Listen {
+            addr: config.listen,
+            source,
+        })?;
     let addr = listener.local_addr().map_err(ServerError::Serve)?;
     let app = Arc::new(App {
         sandbox_config: config.sandbox.clone(),
@@ -91,10 +102,12 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     });
 
     let task = tokio::spawn(async move {
-        let worker = (app.config.concurrency > 0).then(|| tokio::spawn(worker::run(app.clone(), shutdown.clone())));
+        let worker = (app.config.concurrency > 0)
+            .then(|| tokio::spawn(worker::run(app.clone(), shutdown.clone())));
         let router = api::router(app.clone());
         let api_shutdown = shutdown.clone();
-        let serve = axum::serve(listener, router).with_graceful_shutdown(async move { api_shutdown.cancelled().await });
+        let serve = axum::serve(listener, router)
+            .with_graceful_shutdown(async move { api_shutdown.cancelled().await });
         tracing::info!(%addr, "API listening");
         let served = serve.await.map_err(ServerError::Serve);
         if let Some(w) = worker {
@@ -113,7 +126,10 @@ fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, ServerError> {
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(|source| ServerError::DataDir { path: path.clone(), source })?;
+        .map_err(|source| ServerError::DataDir {
+            path: path.clone(),
+            source,
+        })?;
     match file.try_lock() {
         Ok(()) => Ok(file),
         Err(std::fs::TryLockError::WouldBlock) => Err(ServerError::DataDirInUse(dir.to_path_buf())),

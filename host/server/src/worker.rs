@@ -20,7 +20,12 @@ struct InFlight(Mutex<HashMap<RunId, (Lease, CancellationToken)>>);
 
 impl InFlight {
     fn leases(&self) -> Vec<Lease> {
-        self.0.lock().unwrap().values().map(|(l, _)| l.clone()).collect()
+        self.0
+            .lock()
+            .unwrap()
+            .values()
+            .map(|(l, _)| l.clone())
+            .collect()
     }
     fn cancel(&self, id: &str) {
         if let Some((_, c)) = self.0.lock().unwrap().get(id) {
@@ -34,14 +39,25 @@ pub async fn run(app: Arc<App>, shutdown: CancellationToken) {
     let in_flight = Arc::new(InFlight::default());
     // Interrupts attempts still running when the grace period after shutdown ends.
     let hard_stop = CancellationToken::new();
-    let renewer = tokio::spawn(renew_leases(app.clone(), in_flight.clone(), shutdown.clone(), hard_stop.clone()));
+    let renewer = tokio::spawn(renew_leases(
+        app.clone(),
+        in_flight.clone(),
+        shutdown.clone(),
+        hard_stop.clone(),
+    ));
     let mut attempts = JoinSet::new();
     let mut store_errors = 0u32;
 
     while !shutdown.is_cancelled() {
-        let Ok(first) = slots.clone().acquire_owned().await else { break };
+        let Ok(first) = slots.clone().acquire_owned().await else {
+            break;
+        };
         let free = slots.available_permits() + 1;
-        let req = ClaimRequest { worker: app.worker_id.clone(), limit: free, lease_ms: app.config.lease.as_millis() as u64 };
+        let req = ClaimRequest {
+            worker: app.worker_id.clone(),
+            limit: free,
+            lease_ms: app.config.lease.as_millis() as u64,
+        };
         let claimed = match app.store.claim(req).await {
             Ok(c) => {
                 store_errors = 0;
@@ -70,10 +86,18 @@ pub async fn run(app: Arc<App>, shutdown: CancellationToken) {
             let permit = match first.take() {
                 Some(p) => p,
                 // Claimed no more than the free slots, so this never waits for long.
-                None => slots.clone().acquire_owned().await.expect("semaphore is never closed"),
+                None => slots
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("semaphore is never closed"),
             };
             let cancel = hard_stop.child_token();
-            in_flight.0.lock().unwrap().insert(c.run.id.clone(), (c.lease.clone(), cancel.clone()));
+            in_flight
+                .0
+                .lock()
+                .unwrap()
+                .insert(c.run.id.clone(), (c.lease.clone(), cancel.clone()));
             let (app, in_flight, hard_stop) = (app.clone(), in_flight.clone(), hard_stop.clone());
             let span = tracing::info_span!("attempt", run = %c.run.id, function = %c.run.function, attempt = c.run.attempt);
             attempts.spawn(async move {
@@ -108,7 +132,12 @@ pub async fn run(app: Arc<App>, shutdown: CancellationToken) {
     let _ = renewer.await;
 }
 
-async fn renew_leases(app: Arc<App>, in_flight: Arc<InFlight>, shutdown: CancellationToken, hard_stop: CancellationToken) {
+async fn renew_leases(
+    app: Arc<App>,
+    in_flight: Arc<InFlight>,
+    shutdown: CancellationToken,
+    hard_stop: CancellationToken,
+) {
     let every = app.config.lease / 3;
     loop {
         tokio::select! {
@@ -122,7 +151,11 @@ async fn renew_leases(app: Arc<App>, in_flight: Arc<InFlight>, shutdown: Cancell
             }
             continue;
         }
-        match app.store.renew(&leases, app.config.lease.as_millis() as u64).await {
+        match app
+            .store
+            .renew(&leases, app.config.lease.as_millis() as u64)
+            .await
+        {
             Ok(lost) => {
                 for id in lost {
                     tracing::warn!(run = %id, "lease lost; interrupting the attempt");
@@ -144,8 +177,17 @@ struct StoreJournal {
 
 #[async_trait::async_trait]
 impl Journal for StoreJournal {
-    async fn complete_step(&self, name: &str, occurrence: u32, output: &[u8]) -> Result<(), String> {
-        let rec = Record::Step { name: name.into(), occurrence, output: output.to_vec() };
+    async fn complete_step(
+        &self,
+        name: &str,
+        occurrence: u32,
+        output: &[u8],
+    ) -> Result<(), String> {
+        let rec = Record::Step {
+            name: name.into(),
+            occurrence,
+            output: output.to_vec(),
+        };
         with_retries(|| self.app.store.record(&self.lease, rec.clone()))
             .await
             .map_err(|e| format!("could not store step {name:?}: {e}"))
@@ -171,10 +213,11 @@ async fn flush_records(app: Arc<App>, lease: Lease, mut rx: mpsc::UnboundedRecei
                 Record::Step { .. } => {}
             }
         }
-        if !logs.is_empty() {
-            if let Err(e) = with_retries(|| app.store.record(&lease, Record::Logs(logs.clone()))).await {
-                tracing::warn!(run = %lease.run_id, error = %e, "dropping log lines");
-            }
+        if !logs.is_empty()
+            && let Err(e) =
+                with_retries(|| app.store.record(&lease, Record::Logs(logs.clone()))).await
+        {
+            tracing::warn!(run = %lease.run_id, error = %e, "dropping log lines");
         }
         if let Some(p) = progress {
             let _ = app.store.record(&lease, Record::Progress(p)).await;
@@ -205,14 +248,29 @@ where
 }
 
 fn host_line(attempt: u32, level: LogLevel, message: String) -> LogLine {
-    LogLine { attempt, at: SystemClock.now_ms(), level, source: LogSource::Host, message }
+    LogLine {
+        attempt,
+        at: SystemClock.now_ms(),
+        level,
+        source: LogSource::Host,
+        message,
+    }
 }
 
-async fn attempt(app: &Arc<App>, claimed: Claimed, cancel: CancellationToken, hard_stop: &CancellationToken) {
+async fn attempt(
+    app: &Arc<App>,
+    claimed: Claimed,
+    cancel: CancellationToken,
+    hard_stop: &CancellationToken,
+) {
     let Claimed { run, lease, steps } = claimed;
     let (tx, rx) = mpsc::unbounded_channel();
     let flusher = tokio::spawn(flush_records(app.clone(), lease.clone(), rx));
-    let journal = Arc::new(StoreJournal { app: app.clone(), lease: lease.clone(), tx: tx.clone() });
+    let journal = Arc::new(StoreJournal {
+        app: app.clone(),
+        lease: lease.clone(),
+        tx: tx.clone(),
+    });
 
     let result = match ensure_loaded(app, &run.digest).await {
         Ok(()) => {
@@ -235,7 +293,10 @@ async fn attempt(app: &Arc<App>, claimed: Claimed, cancel: CancellationToken, ha
             app.sandbox.run(spec).await
         }
         Err(error) => wasq_sandbox::AttemptResult {
-            result: Err(AttemptError { error, retry_after_ms: None }),
+            result: Err(AttemptError {
+                error,
+                retry_after_ms: None,
+            }),
             fuel_used: 0,
             peak_memory_bytes: 0,
             duration: Duration::ZERO,
@@ -246,11 +307,17 @@ async fn attempt(app: &Arc<App>, claimed: Claimed, cancel: CancellationToken, ha
     let outcome = match result.result {
         Ok(output) => {
             tracing::info!(duration = ?result.duration, fuel = result.fuel_used, "attempt succeeded");
-            Outcome::Succeeded { output, fuel_used: Some(result.fuel_used) }
+            Outcome::Succeeded {
+                output,
+                fuel_used: Some(result.fuel_used),
+            }
         }
         // Interrupted by shutdown, not by the guest: hand the run back untouched.
         Err(_) if hard_stop.is_cancelled() => Outcome::Released,
-        Err(AttemptError { error, retry_after_ms }) => {
+        Err(AttemptError {
+            error,
+            retry_after_ms,
+        }) => {
             let next = run.attempt + 1;
             let retry_at = error
                 .reason
@@ -268,15 +335,23 @@ async fn attempt(app: &Arc<App>, claimed: Claimed, cancel: CancellationToken, ha
                 LogLevel::Error,
                 format!("attempt {} failed: {error}{what}", run.attempt),
             )]));
-            Outcome::Failed { error, retry_at, fuel_used: Some(result.fuel_used) }
+            Outcome::Failed {
+                error,
+                retry_at,
+                fuel_used: Some(result.fuel_used),
+            }
         }
     };
     drop((tx, journal));
     let _ = flusher.await;
     match with_retries(|| app.store.finish(&lease, outcome.clone())).await {
         Ok(run) => tracing::debug!(status = %run.status, "attempt recorded"),
-        Err(StoreError::LeaseLost(_)) => tracing::warn!("lease lost before the attempt ended; its result is discarded"),
-        Err(e) => tracing::error!(error = %e, "could not record the end of the attempt; the lease will expire and the run will be retried"),
+        Err(StoreError::LeaseLost(_)) => {
+            tracing::warn!("lease lost before the attempt ended; its result is discarded")
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "could not record the end of the attempt; the lease will expire and the run will be retried")
+        }
     }
 }
 
@@ -289,5 +364,8 @@ async fn ensure_loaded(app: &App, digest: &str) -> Result<(), RunError> {
         .await
         .map_err(|e| host(format!("cannot read component {digest}: {e}")))?
         .ok_or_else(|| host(format!("component {digest} is missing from the store")))?;
-    app.sandbox.load(digest, &bytes).await.map_err(|e| host(format!("cannot load component {digest}: {e}")))
+    app.sandbox
+        .load(digest, &bytes)
+        .await
+        .map_err(|e| host(format!("cannot load component {digest}: {e}")))
 }

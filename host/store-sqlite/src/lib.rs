@@ -101,9 +101,8 @@ pub struct SqliteStore {
 impl SqliteStore {
     /// Opens (creating if needed) the database file at `path`.
     pub fn open(path: &Path, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
-        let conn = Connection::open(path).map_err(|e| {
-            StoreError::Unavailable(format!("cannot open {}: {e}", path.display()))
-        })?;
+        let conn = Connection::open(path)
+            .map_err(|e| StoreError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
         Self::init(conn, clock)
     }
 
@@ -114,12 +113,19 @@ impl SqliteStore {
     fn init(conn: Connection, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
         // WAL + synchronous=NORMAL: a committed transaction survives the process dying
         // (kill -9); only an OS crash or power loss can drop the last few commits.
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(internal)?;
-        conn.pragma_update(None, "synchronous", "NORMAL").map_err(internal)?;
-        conn.pragma_update(None, "foreign_keys", "ON").map_err(internal)?;
-        conn.busy_timeout(std::time::Duration::from_secs(10)).map_err(internal)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(internal)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(internal)?;
+        conn.pragma_update(None, "foreign_keys", "ON")
+            .map_err(internal)?;
+        conn.busy_timeout(std::time::Duration::from_secs(10))
+            .map_err(internal)?;
         conn.execute_batch(SCHEMA).map_err(internal)?;
-        Ok(SqliteStore { conn: Arc::new(Mutex::new(conn)), clock })
+        Ok(SqliteStore {
+            conn: Arc::new(Mutex::new(conn)),
+            clock,
+        })
     }
 
     /// Marks every lease as expired, so the next claim hands those runs out again at once.
@@ -146,7 +152,9 @@ impl SqliteStore {
         let now = self.clock.now_ms();
         tokio::task::spawn_blocking(move || {
             let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
-            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(internal)?;
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(internal)?;
             let out = f(&tx, now)?;
             tx.commit().map_err(internal)?;
             Ok(out)
@@ -159,7 +167,10 @@ impl SqliteStore {
 fn internal(e: rusqlite::Error) -> StoreError {
     match e {
         rusqlite::Error::SqliteFailure(ref f, _)
-            if matches!(f.code, rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) =>
+            if matches!(
+                f.code,
+                rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+            ) =>
         {
             StoreError::Unavailable(e.to_string())
         }
@@ -172,7 +183,9 @@ fn to_json<T: serde::Serialize>(v: &T) -> Result<String, StoreError> {
 }
 
 fn from_json<T: serde::de::DeserializeOwned>(s: &str) -> rusqlite::Result<T> {
-    serde_json::from_str(s).map_err(|e| rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e)))
+    serde_json::from_str(s).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
+    })
 }
 
 fn opt_json<T: serde::de::DeserializeOwned>(s: Option<String>) -> rusqlite::Result<Option<T>> {
@@ -218,9 +231,13 @@ fn function_from_row(row: &Row<'_>) -> rusqlite::Result<Function> {
 const FUNCTION_COLUMNS: &str = "tenant, name, digest, size_bytes, settings, created_at, updated_at";
 
 fn load_run(tx: &Connection, id: &str) -> Result<Option<Run>, StoreError> {
-    tx.query_row(&format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1"), [id], run_from_row)
-        .optional()
-        .map_err(internal)
+    tx.query_row(
+        &format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1"),
+        [id],
+        run_from_row,
+    )
+    .optional()
+    .map_err(internal)
 }
 
 fn load_steps(tx: &Connection, id: &str) -> Result<Vec<StepRecord>, StoreError> {
@@ -246,9 +263,14 @@ fn load_steps(tx: &Connection, id: &str) -> Result<Vec<StepRecord>, StoreError> 
 
 /// Checks the fence: the run is running under exactly this lease.
 fn check_lease(tx: &Connection, lease: &Lease) -> Result<Run, StoreError> {
-    let run = load_run(tx, &lease.run_id)?.ok_or_else(|| StoreError::NotFound(format!("run {}", lease.run_id)))?;
+    let run = load_run(tx, &lease.run_id)?
+        .ok_or_else(|| StoreError::NotFound(format!("run {}", lease.run_id)))?;
     let token: u64 = tx
-        .query_row("SELECT lease_token FROM runs WHERE id = ?1", [&lease.run_id], |r| r.get(0))
+        .query_row(
+            "SELECT lease_token FROM runs WHERE id = ?1",
+            [&lease.run_id],
+            |r| r.get(0),
+        )
         .map_err(internal)?;
     if run.status != RunStatus::Running || token != lease.token {
         return Err(StoreError::LeaseLost(lease.run_id.clone()));
@@ -282,7 +304,9 @@ fn reap_expired(tx: &Connection, now: i64) -> Result<(), StoreError> {
                  WHERE status = 'running' AND lease_expires_at <= ?1"
             ))
             .map_err(internal)?;
-        let rows = stmt.query_map([now], |r| Ok((run_from_row(r)?, r.get(16)?))).map_err(internal)?;
+        let rows = stmt
+            .query_map([now], |r| Ok((run_from_row(r)?, r.get(16)?)))
+            .map_err(internal)?;
         rows.collect::<Result<_, _>>().map_err(internal)?
     };
     for (run, worker) in expired {
@@ -344,7 +368,9 @@ impl Store for SqliteStore {
         let (tenant, name) = (tenant.to_owned(), name.to_owned());
         self.tx(move |tx, _| {
             tx.query_row(
-                &format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE tenant = ?1 AND name = ?2"),
+                &format!(
+                    "SELECT {FUNCTION_COLUMNS} FROM functions WHERE tenant = ?1 AND name = ?2"
+                ),
                 params![tenant, name],
                 function_from_row,
             )
@@ -362,7 +388,9 @@ impl Store for SqliteStore {
                     "SELECT {FUNCTION_COLUMNS} FROM functions WHERE tenant = ?1 ORDER BY name"
                 ))
                 .map_err(internal)?;
-            let rows = stmt.query_map([tenant], function_from_row).map_err(internal)?;
+            let rows = stmt
+                .query_map([tenant], function_from_row)
+                .map_err(internal)?;
             rows.collect::<Result<_, _>>().map_err(internal)
         })
         .await
@@ -371,9 +399,13 @@ impl Store for SqliteStore {
     async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let digest = digest.to_owned();
         self.tx(move |tx, _| {
-            tx.query_row("SELECT bytes FROM components WHERE digest = ?1", [digest], |r| r.get(0))
-                .optional()
-                .map_err(internal)
+            tx.query_row(
+                "SELECT bytes FROM components WHERE digest = ?1",
+                [digest],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(internal)
         })
         .await
     }
@@ -383,7 +415,9 @@ impl Store for SqliteStore {
         self.tx(move |tx, now| {
             let function = tx
                 .query_row(
-                    &format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE tenant = ?1 AND name = ?2"),
+                    &format!(
+                        "SELECT {FUNCTION_COLUMNS} FROM functions WHERE tenant = ?1 AND name = ?2"
+                    ),
                     params![req.tenant, req.function],
                     function_from_row,
                 )
@@ -478,7 +512,11 @@ impl Store for SqliteStore {
         self.tx(move |tx, now| {
             let run = check_lease(tx, &lease)?;
             match record {
-                Record::Step { name, occurrence, output } => {
+                Record::Step {
+                    name,
+                    occurrence,
+                    output,
+                } => {
                     // First write wins: a step's output never changes once stored.
                     tx.execute(
                         "INSERT INTO steps (run_id, name, occurrence, output, attempt, completed_at)
@@ -488,8 +526,12 @@ impl Store for SqliteStore {
                     .map_err(internal)?;
                 }
                 Record::Logs(lines) => {
-                    let mut seq: i64 = tx
-                        .query_row("SELECT COALESCE(MAX(seq), -1) + 1 FROM logs WHERE run_id = ?1", [&run.id], |r| r.get(0))
+                    let first: i64 = tx
+                        .query_row(
+                            "SELECT COALESCE(MAX(seq), -1) + 1 FROM logs WHERE run_id = ?1",
+                            [&run.id],
+                            |r| r.get(0),
+                        )
                         .map_err(internal)?;
                     let mut stmt = tx
                         .prepare_cached(
@@ -497,10 +539,17 @@ impl Store for SqliteStore {
                              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                         )
                         .map_err(internal)?;
-                    for l in lines {
-                        stmt.execute(params![run.id, seq, l.attempt, l.at, l.level.as_str(), l.source.as_str(), l.message])
-                            .map_err(internal)?;
-                        seq += 1;
+                    for (seq, l) in (first..).zip(lines) {
+                        stmt.execute(params![
+                            run.id,
+                            seq,
+                            l.attempt,
+                            l.at,
+                            l.level.as_str(),
+                            l.source.as_str(),
+                            l.message
+                        ])
+                        .map_err(internal)?;
                     }
                 }
                 Record::Progress(p) => {
@@ -531,7 +580,11 @@ impl Store for SqliteStore {
                     )
                     .map_err(internal)?;
                 }
-                Outcome::Failed { error, retry_at, fuel_used } => {
+                Outcome::Failed {
+                    error,
+                    retry_at,
+                    fuel_used,
+                } => {
                     close_attempt(tx, &run, now, Some(&error), fuel_used)?;
                     let (status, due_at, finished_at) = match retry_at {
                         Some(t) => (RunStatus::Queued, t, None),
@@ -541,13 +594,23 @@ impl Store for SqliteStore {
                         "UPDATE runs SET status = ?2, error = ?3, due_at = ?4, finished_at = ?5,
                              updated_at = ?6, lease_expires_at = NULL, worker = NULL
                          WHERE id = ?1",
-                        params![run.id, status.as_str(), to_json(&error)?, due_at, finished_at, now],
+                        params![
+                            run.id,
+                            status.as_str(),
+                            to_json(&error)?,
+                            due_at,
+                            finished_at,
+                            now
+                        ],
                     )
                     .map_err(internal)?;
                 }
                 Outcome::Released => {
-                    tx.execute("DELETE FROM attempts WHERE run_id = ?1 AND number = ?2", params![run.id, run.attempt])
-                        .map_err(internal)?;
+                    tx.execute(
+                        "DELETE FROM attempts WHERE run_id = ?1 AND number = ?2",
+                        params![run.id, run.attempt],
+                    )
+                    .map_err(internal)?;
                     tx.execute(
                         "UPDATE runs SET status = 'queued', attempt = attempt - 1, due_at = ?2,
                              updated_at = ?2, lease_expires_at = NULL, worker = NULL
@@ -557,7 +620,8 @@ impl Store for SqliteStore {
                     .map_err(internal)?;
                 }
             }
-            load_run(tx, &run.id)?.ok_or_else(|| StoreError::Internal("finished run vanished".into()))
+            load_run(tx, &run.id)?
+                .ok_or_else(|| StoreError::Internal("finished run vanished".into()))
         })
         .await
     }
@@ -590,7 +654,11 @@ impl Store for SqliteStore {
                 rows.collect::<Result<_, _>>().map_err(internal)?
             };
             let steps = load_steps(tx, &id)?;
-            Ok(Some(RunDetail { run, attempts, steps }))
+            Ok(Some(RunDetail {
+                run,
+                attempts,
+                steps,
+            }))
         })
         .await
     }

@@ -1,0 +1,104 @@
+//! Pooled instantiate + call of the `hello` example: a fresh wasmtime Store and instance
+//! from the cached InstancePre per run, the whole `run` export (two steps, logs,
+//! progress) included. The per-run cost wasq adds on top of the job's own work.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use wasq_core::{Limits, LogLine, Progress};
+use wasq_sandbox::{AttemptSpec, Journal, RunInfo, Sandbox, SandboxConfig};
+
+struct NoJournal;
+
+#[async_trait::async_trait]
+impl Journal for NoJournal {
+    async fn complete_step(&self, _: &str, _: u32, _: &[u8]) -> Result<(), String> {
+        Ok(())
+    }
+    fn log(&self, _: LogLine) {}
+    fn progress(&self, _: Progress) {}
+}
+
+fn spec(digest: &str, journal: Arc<dyn Journal>) -> AttemptSpec {
+    AttemptSpec {
+        digest: digest.to_owned(),
+        info: RunInfo {
+            run_id: "bench".into(),
+            function: "hello".into(),
+            tenant: "default".into(),
+            attempt: 1,
+            max_attempts: 1,
+            trigger: "bench".into(),
+        },
+        input: br#"{"name":"Ada"}"#.to_vec(),
+        limits: Limits::default(),
+        steps: vec![],
+        journal,
+        cancel: CancellationToken::new(),
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1e6
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let bytes = std::fs::read(wasq_tests::example_path("hello")).expect("hello.wasm");
+    rt.block_on(async {
+        let sandbox = Sandbox::new(SandboxConfig { cache_dir: None, ..SandboxConfig::default() }).unwrap();
+        let digest = sandbox.validate(&bytes).await.expect("hello validates");
+        let journal: Arc<dyn Journal> = Arc::new(NoJournal);
+
+        for _ in 0..500 {
+            let r = sandbox.run(spec(&digest, journal.clone())).await;
+            assert!(r.result.is_ok(), "hello must succeed");
+        }
+
+        let n = 5_000;
+        let mut times = Vec::with_capacity(n);
+        let start = Instant::now();
+        for _ in 0..n {
+            let t = Instant::now();
+            let r = sandbox.run(spec(&digest, journal.clone())).await;
+            times.push(t.elapsed());
+            assert!(r.result.is_ok());
+        }
+        let total = start.elapsed();
+        times.sort();
+        println!(
+            "hello, pooled instantiate+call, sequential: mean {:.1} µs, p50 {:.1} µs, p99 {:.1} µs ({n} runs)",
+            total.as_secs_f64() * 1e6 / n as f64,
+            percentile(&times, 0.5),
+            percentile(&times, 0.99)
+        );
+
+        let tasks = 4;
+        let per_task = 2_500;
+        let start = Instant::now();
+        let handles: Vec<_> = (0..tasks)
+            .map(|_| {
+                let (sandbox, digest, journal) = (sandbox.clone(), digest.clone(), journal.clone());
+                tokio::spawn(async move {
+                    for _ in 0..per_task {
+                        assert!(sandbox.run(spec(&digest, journal.clone())).await.result.is_ok());
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.await.unwrap();
+        }
+        let total = start.elapsed();
+        println!(
+            "hello, pooled instantiate+call, {tasks} tasks on {} cores: {:.0} runs/s",
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+            (tasks * per_task) as f64 / total.as_secs_f64()
+        );
+    });
+}
