@@ -113,6 +113,7 @@ pub async fn run(app: Arc<App>, shutdown: CancellationToken) {
 
     // Shutdown: no more claims. Let running attempts finish within the grace period, then
     // interrupt the rest; they give their runs back (Outcome::Released).
+    while attempts.try_join_next().is_some() {}
     let n = attempts.len();
     if n > 0 {
         tracing::info!(running = n, grace = ?app.config.shutdown_grace, "waiting for running attempts");
