@@ -57,7 +57,7 @@ fn main() {
 
         for _ in 0..500 {
             let r = sandbox.run(spec(&digest, journal.clone())).await;
-            assert!(r.result.is_ok(), "hello must succeed");
+            assert!(r.outcome.output().is_some(), "hello must succeed");
         }
 
         let n = 5_000;
@@ -67,7 +67,7 @@ fn main() {
             let t = Instant::now();
             let r = sandbox.run(spec(&digest, journal.clone())).await;
             times.push(t.elapsed());
-            assert!(r.result.is_ok());
+            assert!(r.outcome.output().is_some());
         }
         let total = start.elapsed();
         times.sort();
@@ -86,7 +86,7 @@ fn main() {
                 let (sandbox, digest, journal) = (sandbox.clone(), digest.clone(), journal.clone());
                 tokio::spawn(async move {
                     for _ in 0..per_task {
-                        assert!(sandbox.run(spec(&digest, journal.clone())).await.result.is_ok());
+                        assert!(sandbox.run(spec(&digest, journal.clone())).await.outcome.output().is_some());
                     }
                 })
             })

@@ -35,6 +35,23 @@ impl Client {
         self.send(req).await
     }
 
+    pub async fn post_run(
+        &self,
+        path: &str,
+        body: String,
+        idempotency_key: Option<&str>,
+    ) -> Result<Value> {
+        let mut req = self
+            .http
+            .post(self.url(path))
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(key) = idempotency_key {
+            req = req.header("idempotency-key", key);
+        }
+        self.send(req).await
+    }
+
     pub async fn put_bytes(
         &self,
         path: &str,

@@ -108,8 +108,23 @@ struct DeployArgs {
     /// Longest delay between retries.
     #[arg(long, value_parser = units::parse_duration)]
     max_backoff: Option<Duration>,
+    /// How the delay grows between retries.
+    #[arg(long, value_enum)]
+    backoff_strategy: Option<BackoffStrategy>,
+    /// Use the exact delays (by default each is spread over [delay/2, delay]).
+    #[arg(long)]
+    no_jitter: bool,
+    /// Do not retry traps (timeout, fuel, memory, panic); the guest's retryable errors still are.
+    #[arg(long)]
+    no_retry_traps: bool,
     #[arg(long, value_enum, default_value_t)]
     output: Output,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum BackoffStrategy {
+    Exponential,
+    Fixed,
 }
 
 #[derive(Debug, Args)]
@@ -122,6 +137,13 @@ struct RunArgs {
     /// Wait for the run to end and print its output.
     #[arg(long)]
     wait: bool,
+    /// Repeating a key (for this function, within 24 hours) returns the first run
+    /// instead of starting another: safe retries of this command.
+    #[arg(long)]
+    idempotency_key: Option<String>,
+    /// Overrides the function's max attempts for this run.
+    #[arg(long)]
+    max_attempts: Option<u32>,
     #[arg(long, value_enum, default_value_t)]
     output: Output,
 }
@@ -142,6 +164,18 @@ enum RunsCommand {
     },
     /// Show one run: status, output, error, attempts, steps.
     Show {
+        id: String,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// Cancel a run: at once if it is queued or sleeping, within a moment if running.
+    Cancel {
+        id: String,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// Run a failed or cancelled run again, with a fresh budget of attempts.
+    Retry {
         id: String,
         #[arg(long, value_enum, default_value_t)]
         output: Output,
@@ -220,6 +254,35 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 .get(&format!("/v1/runs/{}", client::path_segment(&id)), &[])
                 .await?;
             print_run(&run, output);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Runs(RunsCommand::Cancel { id, output }) => {
+            let run = client()?
+                .post_json(
+                    &format!("/v1/runs/{}/cancel", client::path_segment(&id)),
+                    String::new(),
+                )
+                .await?;
+            match output {
+                Output::Json => println!("{}", pretty(&run)),
+                Output::Table if run["status"] == "running" => {
+                    println!("cancelling {id} (its attempt is being stopped)")
+                }
+                Output::Table => println!("cancelled {id}"),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Runs(RunsCommand::Retry { id, output }) => {
+            let run = client()?
+                .post_json(
+                    &format!("/v1/runs/{}/retry", client::path_segment(&id)),
+                    String::new(),
+                )
+                .await?;
+            match output {
+                Output::Json => println!("{}", pretty(&run)),
+                Output::Table => println!("queued {id} again"),
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Runs(RunsCommand::Logs { id, follow, output }) => {
@@ -313,6 +376,21 @@ async fn deploy(client: Client, args: DeployArgs) -> Result<ExitCode> {
     query.extend(args.max_attempts.map(|n| ("max_attempts", n.to_string())));
     query.extend(args.backoff.map(|d| ("initial_backoff_ms", ms(d))));
     query.extend(args.max_backoff.map(|d| ("max_backoff_ms", ms(d))));
+    query.extend(args.backoff_strategy.map(|b| {
+        (
+            "backoff",
+            match b {
+                BackoffStrategy::Exponential => "exponential".to_owned(),
+                BackoffStrategy::Fixed => "fixed".to_owned(),
+            },
+        )
+    }));
+    if args.no_jitter {
+        query.push(("jitter", "false".into()));
+    }
+    if args.no_retry_traps {
+        query.push(("retry_traps", "false".into()));
+    }
     let path = format!("/v1/functions/{}", client::path_segment(&args.name));
     let f = client.put_bytes(&path, &query, bytes).await?;
     match args.output {
@@ -334,11 +412,16 @@ async fn run(client: Client, args: RunArgs) -> Result<ExitCode> {
         None => args.input.clone(),
     };
     serde_json::from_str::<Value>(&input).context("--input is not valid JSON")?;
-    let path = format!(
+    let mut path = format!(
         "/v1/functions/{}/runs",
         client::path_segment(&args.function)
     );
-    let run = client.post_json(&path, input).await?;
+    if let Some(n) = args.max_attempts {
+        path.push_str(&format!("?max_attempts={n}"));
+    }
+    let run = client
+        .post_run(&path, input, args.idempotency_key.as_deref())
+        .await?;
     let id = str_of(&run["id"]).to_owned();
     if !args.wait {
         match args.output {

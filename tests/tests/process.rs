@@ -212,3 +212,67 @@ async fn sigterm_past_the_grace_period_hands_runs_back() {
     assert_eq!(run["status"], "succeeded", "{run:#}");
     assert_eq!(run["output"]["first"]["attempt"], 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_during_a_durable_sleep_still_wakes_on_time() {
+    let data = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut dev = DevProcess::spawn(data.path(), port, &[]).await;
+    dev.api.deploy("sleeper", guest("sleeper"), "").await;
+    let id = dev.api.start_run("sleeper", r#"{"sleep_ms":3000}"#).await;
+    dev.api
+        .wait_until(&id, WAIT, |r| r["status"] == "sleeping")
+        .await;
+    dev.kill9();
+
+    let dev = DevProcess::spawn(data.path(), port, &[]).await;
+    let run = dev.api.wait_run(&id, WAIT).await;
+    assert_eq!(run["status"], "succeeded", "{run:#}");
+    let slept = run["output"]["after"]["at"].as_i64().unwrap()
+        - run["output"]["before"]["at"].as_i64().unwrap();
+    assert!(
+        (3000..4500).contains(&slept),
+        "slept {slept} ms for 3000 across a kill -9"
+    );
+    assert_eq!(
+        run["output"]["after"]["attempt"], 1,
+        "the kill during a sleep costs no attempt"
+    );
+
+    // The CLI's cancel and retry verbs.
+    let server = dev.api.base.clone();
+    let id = dev.api.start_run("sleeper", r#"{"sleep_ms":60000}"#).await;
+    dev.api
+        .wait_until(&id, WAIT, |r| r["status"] == "sleeping")
+        .await;
+    let (code, out, err) = run_cli(cli(&server).args(["runs", "cancel", &id]));
+    assert_eq!(code, 0, "{out} {err}");
+    assert_eq!(out.trim(), format!("cancelled {id}"));
+    let (code, _, err) = run_cli(cli(&server).args(["runs", "cancel", &id]));
+    assert_eq!(code, 1);
+    assert!(
+        err.starts_with("error: 409") && err.contains("already cancelled"),
+        "{err}"
+    );
+    let (code, out, _) = run_cli(cli(&server).args(["runs", "retry", &id]));
+    assert_eq!(code, 0);
+    assert_eq!(out.trim(), format!("queued {id} again"));
+    let (code, out, err) = run_cli(cli(&server).args([
+        "run",
+        "sleeper",
+        "--input",
+        r#"{"sleep_ms":1}"#,
+        "--idempotency-key",
+        "k",
+    ]));
+    assert_eq!(code, 0, "{err}");
+    let (_, again, _) = run_cli(cli(&server).args([
+        "run",
+        "sleeper",
+        "--input",
+        r#"{"sleep_ms":1}"#,
+        "--idempotency-key",
+        "k",
+    ]));
+    assert_eq!(out, again, "the same key names the same run");
+}

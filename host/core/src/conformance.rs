@@ -46,11 +46,10 @@ where
         ("steps survive a lost worker and are replayed", |s, c| {
             Box::pin(steps_replay(s, c))
         }),
-        (
-            "failure with retry_at requeues after the backoff",
-            |s, c| Box::pin(retry(s, c)),
-        ),
-        ("failure without retry_at is final", |s, c| {
+        ("failure with a retry delay requeues after it", |s, c| {
+            Box::pin(retry(s, c))
+        }),
+        ("failure without a retry delay is final", |s, c| {
             Box::pin(dead(s, c))
         }),
         (
@@ -72,6 +71,28 @@ where
         ("logs and progress are kept in order", |s, c| {
             Box::pin(logs(s, c))
         }),
+        (
+            "a suspended run sleeps, then resumes the same attempt",
+            |s, c| Box::pin(suspend(s, c)),
+        ),
+        ("a released resumed run stays a resume", |s, c| {
+            Box::pin(release_resumed(s, c))
+        }),
+        (
+            "cancel ends waiting runs at once and running ones at their end",
+            |s, c| Box::pin(cancel(s, c)),
+        ),
+        (
+            "manual retry requeues failed runs with a fresh budget",
+            |s, c| Box::pin(manual_retry(s, c)),
+        ),
+        (
+            "an idempotency key returns the same run within its window",
+            |s, c| Box::pin(idempotency(s, c)),
+        ),
+        ("a per-run retry policy overrides the function's", |s, c| {
+            Box::pin(retry_override(s, c))
+        }),
     ];
     for (name, scenario) in scenarios {
         let clock = ManualClock::new(T0);
@@ -88,6 +109,7 @@ fn settings(max_attempts: u32) -> FunctionSettings {
             max_attempts,
             initial_backoff_ms: 1_000,
             max_backoff_ms: 10_000,
+            ..RetryPolicy::default()
         },
     }
 }
@@ -113,9 +135,12 @@ async fn enqueue(store: &impl Store, function: &str, input: &str) -> Run {
             input: input.as_bytes().to_vec(),
             trigger: "api".into(),
             due_at: None,
+            idempotency_key: None,
+            retry: None,
         })
         .await
         .expect("enqueue")
+        .run
 }
 
 async fn claim(store: &impl Store, worker: &str, limit: usize) -> Vec<Claimed> {
@@ -137,10 +162,10 @@ async fn detail(store: &impl Store, id: &str) -> RunDetail {
         .expect("run exists")
 }
 
-fn failed(reason: ErrorReason, retry_at: Option<i64>) -> Outcome {
+fn failed(reason: ErrorReason, retry_in_ms: Option<u64>) -> Outcome {
     Outcome::Failed {
         error: RunError::new(reason, "boom"),
-        retry_at,
+        retry_in_ms,
         fuel_used: Some(7),
     }
 }
@@ -204,6 +229,8 @@ async fn enqueue_unknown(store: impl Store, _clock: ManualClock) {
             input: b"{}".to_vec(),
             trigger: "api".into(),
             due_at: None,
+            idempotency_key: None,
+            retry: None,
         })
         .await
         .expect_err("no such function");
@@ -254,9 +281,12 @@ async fn claim_order(store: impl Store, clock: ManualClock) {
             input: b"later".to_vec(),
             trigger: "api".into(),
             due_at: Some(T0 + 60_000),
+            idempotency_key: None,
+            retry: None,
         })
         .await
-        .unwrap();
+        .unwrap()
+        .run;
     let b = enqueue(&store, "f", "2").await;
     let c = enqueue(&store, "f", "3").await;
     let first = claim(&store, "w", 2).await;
@@ -430,7 +460,7 @@ async fn retry(store: impl Store, clock: ManualClock) {
     let run = enqueue(&store, "f", "{}").await;
     let c = claim(&store, "w", 1).await.remove(0);
     let r = store
-        .finish(&c.lease, failed(ErrorReason::Trap, Some(T0 + 1_000)))
+        .finish(&c.lease, failed(ErrorReason::Trap, Some(1_000)))
         .await
         .unwrap();
     assert_eq!(r.status, RunStatus::Queued);
@@ -686,5 +716,239 @@ async fn logs(store: impl Store, clock: ManualClock) {
             .await
             .unwrap()
             .is_empty()
+    );
+}
+
+async fn suspend(store: impl Store, clock: ManualClock) {
+    deploy_fn(&store, "f", "d", 1).await;
+    let run = enqueue(&store, "f", "{}").await;
+    let c = claim(&store, "w", 1).await.remove(0);
+    let rec = Record::Step {
+        name: "nap".into(),
+        occurrence: 0,
+        output: b"{}".to_vec(),
+    };
+    store.record(&c.lease, rec).await.unwrap();
+    clock.advance(10);
+    let r = store
+        .finish(&c.lease, Outcome::Suspended { until: T0 + 60_000 })
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.status, r.due_at, r.attempt),
+        (RunStatus::Sleeping, T0 + 60_000, 1)
+    );
+    assert!(r.finished_at.is_none());
+    clock.advance(LEASE as i64);
+    assert!(
+        claim(&store, "w", 1).await.is_empty(),
+        "a sleeping run is not claimed early"
+    );
+    clock.set(T0 + 60_000);
+    let woke = claim(&store, "w", 1).await.remove(0);
+    assert_eq!(woke.run.id, run.id);
+    assert_eq!(woke.run.attempt, 1, "waking is not a new attempt");
+    assert_eq!(woke.steps.len(), 1, "steps are replayed");
+    assert!(woke.lease.token > c.lease.token);
+    let done = store
+        .finish(
+            &woke.lease,
+            Outcome::Succeeded {
+                output: b"1".to_vec(),
+                fuel_used: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(done.status, RunStatus::Succeeded);
+    let d = detail(&store, &run.id).await;
+    assert_eq!(d.attempts.len(), 2, "two executions of attempt 1");
+    assert_eq!(d.attempts[0].number, 1);
+    assert_eq!(d.attempts[0].suspended_until, Some(T0 + 60_000));
+    assert_eq!(d.attempts[1].number, 1);
+    assert_eq!(d.attempts[1].suspended_until, None);
+}
+
+async fn release_resumed(store: impl Store, clock: ManualClock) {
+    deploy_fn(&store, "f", "d", 1).await;
+    let run = enqueue(&store, "f", "{}").await;
+    let c = claim(&store, "w", 1).await.remove(0);
+    store
+        .finish(&c.lease, Outcome::Suspended { until: T0 + 100 })
+        .await
+        .unwrap();
+    clock.advance(100);
+    let woke = claim(&store, "w", 1).await.remove(0);
+    let r = store.finish(&woke.lease, Outcome::Released).await.unwrap();
+    assert_eq!(
+        r.attempt, 1,
+        "the attempt begun before the sleep still counts"
+    );
+    let again = claim(&store, "w", 1).await.remove(0);
+    assert_eq!(
+        (again.run.id.as_str(), again.run.attempt),
+        (run.id.as_str(), 1)
+    );
+}
+
+async fn cancel(store: impl Store, clock: ManualClock) {
+    deploy_fn(&store, "f", "d", 3).await;
+    let queued = enqueue(&store, "f", "1").await;
+    let r = store.cancel(DEFAULT_TENANT, &queued.id).await.unwrap();
+    assert_eq!((r.status, r.finished_at), (RunStatus::Cancelled, Some(T0)));
+    let again = store.cancel(DEFAULT_TENANT, &queued.id).await;
+    assert!(matches!(again, Err(StoreError::Conflict(_))), "{again:?}");
+    let missing = store.cancel("someone-else", &queued.id).await;
+    assert!(
+        matches!(missing, Err(StoreError::NotFound(_))),
+        "{missing:?}"
+    );
+
+    let sleeper = enqueue(&store, "f", "2").await;
+    let c = claim(&store, "w", 1).await.remove(0);
+    assert_eq!(c.run.id, sleeper.id, "the cancelled run is never claimed");
+    store
+        .finish(&c.lease, Outcome::Suspended { until: T0 + 60_000 })
+        .await
+        .unwrap();
+    let r = store.cancel(DEFAULT_TENANT, &sleeper.id).await.unwrap();
+    assert_eq!(r.status, RunStatus::Cancelled);
+    clock.advance(60_000);
+    assert!(
+        claim(&store, "w", 1).await.is_empty(),
+        "a cancelled sleeper never wakes"
+    );
+
+    let running = enqueue(&store, "f", "3").await;
+    let c = claim(&store, "w", 1).await.remove(0);
+    let r = store.cancel(DEFAULT_TENANT, &running.id).await.unwrap();
+    assert_eq!(
+        r.status,
+        RunStatus::Running,
+        "a running run ends when its attempt stops"
+    );
+    let lost = store
+        .renew(std::slice::from_ref(&c.lease), LEASE)
+        .await
+        .unwrap();
+    assert_eq!(
+        lost,
+        std::slice::from_ref(&running.id),
+        "renewal tells the worker to stop"
+    );
+    let error = RunError::new(ErrorReason::Host, "attempt cancelled");
+    let r = store
+        .finish(
+            &c.lease,
+            Outcome::Failed {
+                error,
+                retry_in_ms: Some(60_001),
+                fuel_used: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, RunStatus::Cancelled, "not retried");
+    assert!(r.finished_at.is_some());
+}
+
+async fn manual_retry(store: impl Store, clock: ManualClock) {
+    deploy_fn(&store, "f", "d", 2).await;
+    let run = enqueue(&store, "f", "{}").await;
+    let c = claim(&store, "w", 1).await.remove(0);
+    store
+        .finish(&c.lease, failed(ErrorReason::Fatal, None))
+        .await
+        .unwrap();
+    let r = store.retry(DEFAULT_TENANT, &run.id).await.unwrap();
+    assert_eq!(
+        (r.status, r.due_at, r.finished_at),
+        (RunStatus::Queued, T0, None)
+    );
+    assert_eq!(
+        r.settings.retry.max_attempts, 3,
+        "one used + a fresh budget of 2"
+    );
+    let c = claim(&store, "w", 1).await.remove(0);
+    assert_eq!(c.run.attempt, 2);
+    let conflict = store.retry(DEFAULT_TENANT, &run.id).await;
+    assert!(
+        matches!(conflict, Err(StoreError::Conflict(_))),
+        "running: {conflict:?}"
+    );
+    store
+        .finish(
+            &c.lease,
+            Outcome::Succeeded {
+                output: b"1".to_vec(),
+                fuel_used: None,
+            },
+        )
+        .await
+        .unwrap();
+    let conflict = store.retry(DEFAULT_TENANT, &run.id).await;
+    assert!(
+        matches!(conflict, Err(StoreError::Conflict(_))),
+        "succeeded: {conflict:?}"
+    );
+    clock.advance(1);
+    let cancelled = enqueue(&store, "f", "{}").await;
+    store.cancel(DEFAULT_TENANT, &cancelled.id).await.unwrap();
+    let r = store.retry(DEFAULT_TENANT, &cancelled.id).await.unwrap();
+    assert_eq!(r.status, RunStatus::Queued);
+}
+
+async fn idempotency(store: impl Store, clock: ManualClock) {
+    deploy_fn(&store, "f", "d", 1).await;
+    deploy_fn(&store, "g", "d", 1).await;
+    let req = |function: &str, key: &str| EnqueueRequest {
+        tenant: DEFAULT_TENANT.into(),
+        function: function.into(),
+        input: b"{}".to_vec(),
+        trigger: "api".into(),
+        due_at: None,
+        idempotency_key: Some(key.into()),
+        retry: None,
+    };
+    let first = store.enqueue(req("f", "k1")).await.unwrap();
+    assert!(first.created);
+    assert_eq!(first.run.idempotency_key.as_deref(), Some("k1"));
+    clock.advance(IDEMPOTENCY_WINDOW_MS - 1);
+    let second = store.enqueue(req("f", "k1")).await.unwrap();
+    assert!(!second.created);
+    assert_eq!(second.run.id, first.run.id);
+    let other_fn = store.enqueue(req("g", "k1")).await.unwrap();
+    assert!(other_fn.created, "keys are per function");
+    clock.advance(1);
+    let later = store.enqueue(req("f", "k1")).await.unwrap();
+    assert!(later.created, "the window has passed");
+    assert_ne!(later.run.id, first.run.id);
+    assert_eq!(store.runs(query(Some("f"), None)).await.unwrap().len(), 2);
+}
+
+async fn retry_override(store: impl Store, _clock: ManualClock) {
+    deploy_fn(&store, "f", "d", 1).await;
+    let policy = RetryPolicy {
+        max_attempts: 7,
+        ..RetryPolicy::default()
+    };
+    let run = store
+        .enqueue(EnqueueRequest {
+            tenant: DEFAULT_TENANT.into(),
+            function: "f".into(),
+            input: b"{}".to_vec(),
+            trigger: "api".into(),
+            due_at: None,
+            idempotency_key: None,
+            retry: Some(policy),
+        })
+        .await
+        .unwrap()
+        .run;
+    assert_eq!(run.settings.retry, policy);
+    assert_eq!(
+        run.settings.limits,
+        Limits::default(),
+        "limits still come from the function"
     );
 }

@@ -95,14 +95,39 @@ impl Default for Limits {
     }
 }
 
+/// How the delay between attempts grows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backoff {
+    /// `initial_backoff_ms`, doubled per retry, capped at `max_backoff_ms`.
+    #[default]
+    Exponential,
+    /// Always `initial_backoff_ms`.
+    Fixed,
+}
+
 /// How a failed attempt is retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RetryPolicy {
     /// Attempts in all, the first included; 1 means never retry.
     pub max_attempts: u32,
-    /// Delay before the second attempt; doubles per attempt up to `max_backoff_ms`.
+    /// Delay before the second attempt.
     pub initial_backoff_ms: u64,
     pub max_backoff_ms: u64,
+    #[serde(default)]
+    pub backoff: Backoff,
+    /// Spread each delay randomly over [delay/2, delay], so that runs failing together
+    /// (an outage) do not retry together.
+    #[serde(default = "yes")]
+    pub jitter: bool,
+    /// Whether traps (timeout, fuel, memory, panic) are retried; the guest's own
+    /// `retryable` errors always are, `fatal` ones never.
+    #[serde(default = "yes")]
+    pub retry_traps: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Default for RetryPolicy {
@@ -111,20 +136,59 @@ impl Default for RetryPolicy {
             max_attempts: 3,
             initial_backoff_ms: 1_000,
             max_backoff_ms: 60_000,
+            backoff: Backoff::Exponential,
+            jitter: true,
+            retry_traps: true,
         }
     }
 }
 
 impl RetryPolicy {
-    /// Delay before attempt `next_attempt` (2 for the first retry), or `None` when the policy
-    /// is exhausted.
+    /// Delay before attempt `next_attempt` (2 for the first retry), before jitter, or
+    /// `None` when the policy is exhausted.
     pub fn backoff_before(&self, next_attempt: u32) -> Option<u64> {
         if next_attempt > self.max_attempts {
             return None;
         }
-        let doublings = next_attempt.saturating_sub(2).min(32);
-        let delay = self.initial_backoff_ms.saturating_mul(1u64 << doublings);
+        let delay = match self.backoff {
+            Backoff::Fixed => self.initial_backoff_ms,
+            Backoff::Exponential => {
+                let doublings = next_attempt.saturating_sub(2).min(32);
+                self.initial_backoff_ms.saturating_mul(1u64 << doublings)
+            }
+        };
         Some(delay.min(self.max_backoff_ms))
+    }
+
+    /// When a failed attempt is retried: `None` = never (policy exhausted, or an error
+    /// the policy does not retry). `rand01` in [0, 1) drives the jitter;
+    /// `retry_after_ms`, from the guest, is a lower bound.
+    pub fn retry_delay(
+        &self,
+        failed_attempt: u32,
+        reason: ErrorReason,
+        retry_after_ms: Option<u64>,
+        rand01: f64,
+    ) -> Option<u64> {
+        let retried = match reason {
+            ErrorReason::Fatal => false,
+            ErrorReason::Retryable | ErrorReason::RetryAfter => true,
+            ErrorReason::Timeout
+            | ErrorReason::OutOfFuel
+            | ErrorReason::OutOfMemory
+            | ErrorReason::Trap => self.retry_traps,
+            ErrorReason::LeaseExpired | ErrorReason::Host => true,
+        };
+        if !retried {
+            return None;
+        }
+        let delay = self.backoff_before(failed_attempt + 1)?;
+        let delay = if self.jitter {
+            delay / 2 + ((delay - delay / 2) as f64 * rand01) as u64
+        } else {
+            delay
+        };
+        Some(delay.max(retry_after_ms.unwrap_or(0)))
     }
 }
 
@@ -173,13 +237,6 @@ pub enum ErrorReason {
     Host,
 }
 
-impl ErrorReason {
-    /// Whether the default policy retries an attempt that failed this way.
-    pub fn is_retryable(self) -> bool {
-        !matches!(self, ErrorReason::Fatal)
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunError {
     pub reason: ErrorReason,
@@ -219,6 +276,9 @@ pub struct Attempt {
     pub error: Option<RunError>,
     /// Fuel burned, when the attempt ended in the sandbox.
     pub fuel_used: Option<u64>,
+    /// Set when this execution ended by sleeping; the attempt goes on when the run wakes.
+    #[serde(default)]
+    pub suspended_until: Option<Millis>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -239,6 +299,9 @@ pub struct Run {
     /// Attempts started so far.
     pub attempt: u32,
     pub trigger: String,
+    /// The key this run was created with, for deduplicating retried requests.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
     pub progress: Option<Progress>,
     pub created_at: Millis,
     pub updated_at: Millis,
@@ -360,12 +423,62 @@ mod tests {
             max_attempts: 5,
             initial_backoff_ms: 100,
             max_backoff_ms: 350,
+            ..RetryPolicy::default()
         };
         assert_eq!(p.backoff_before(2), Some(100));
         assert_eq!(p.backoff_before(3), Some(200));
         assert_eq!(p.backoff_before(4), Some(350));
         assert_eq!(p.backoff_before(5), Some(350));
         assert_eq!(p.backoff_before(6), None);
+        let fixed = RetryPolicy {
+            backoff: Backoff::Fixed,
+            ..p
+        };
+        assert_eq!(fixed.backoff_before(4), Some(100));
+    }
+
+    #[test]
+    fn retry_delay_follows_reason_jitter_and_retry_after() {
+        let p = RetryPolicy {
+            max_attempts: 3,
+            initial_backoff_ms: 1000,
+            max_backoff_ms: 10_000,
+            ..RetryPolicy::default()
+        };
+        assert_eq!(p.retry_delay(1, ErrorReason::Fatal, None, 0.5), None);
+        assert_eq!(
+            p.retry_delay(3, ErrorReason::Retryable, None, 0.5),
+            None,
+            "exhausted"
+        );
+        assert_eq!(
+            p.retry_delay(1, ErrorReason::Trap, None, 0.0),
+            Some(500),
+            "jitter floor"
+        );
+        assert_eq!(p.retry_delay(1, ErrorReason::Trap, None, 0.999), Some(999));
+        assert_eq!(
+            p.retry_delay(2, ErrorReason::Retryable, None, 0.0),
+            Some(1000)
+        );
+        assert_eq!(
+            p.retry_delay(1, ErrorReason::RetryAfter, Some(5000), 0.0),
+            Some(5000)
+        );
+        let exact = RetryPolicy {
+            jitter: false,
+            retry_traps: false,
+            ..p
+        };
+        assert_eq!(
+            exact.retry_delay(1, ErrorReason::Retryable, None, 0.7),
+            Some(1000)
+        );
+        assert_eq!(
+            exact.retry_delay(1, ErrorReason::Timeout, None, 0.7),
+            None,
+            "traps not retried"
+        );
     }
 
     #[test]

@@ -15,17 +15,26 @@ pub trait Store: Send + Sync + 'static {
     async fn functions(&self, tenant: &str) -> Result<Vec<Function>, StoreError>;
     async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError>;
 
-    /// Creates a queued run of an existing function (pinning its digest and settings).
-    async fn enqueue(&self, req: EnqueueRequest) -> Result<Run, StoreError>;
-    /// Leases up to `limit` due runs, oldest due first; also takes back runs whose lease
-    /// expired (their worker died) and hands them out again.
+    /// Creates a queued run of an existing function (pinning its digest and settings), or
+    /// returns the run created earlier with the same idempotency key.
+    async fn enqueue(&self, req: EnqueueRequest) -> Result<Enqueued, StoreError>;
+    /// Leases up to `limit` due runs (queued, or sleeping and due), oldest due first; also
+    /// takes back runs whose lease expired (their worker died) and hands them out again.
     async fn claim(&self, req: ClaimRequest) -> Result<Vec<Claimed>, StoreError>;
-    /// Extends leases; returns the runs whose lease is no longer held (stop those attempts).
+    /// Extends leases; returns the runs whose lease is no longer held or whose cancellation
+    /// was requested (stop those attempts).
     async fn renew(&self, leases: &[Lease], lease_ms: u64) -> Result<Vec<RunId>, StoreError>;
     /// Stores what an attempt produced while running: a step output, log lines, progress.
     async fn record(&self, lease: &Lease, record: Record) -> Result<(), StoreError>;
-    /// Ends the attempt: succeed, fail (requeue at `retry_at` or end as failed), or release.
+    /// Ends the attempt: succeed, fail (requeue after `retry_in_ms` or end as failed), suspend,
+    /// or release. A run whose cancellation was requested ends as cancelled instead,
+    /// unless it succeeded.
     async fn finish(&self, lease: &Lease, outcome: Outcome) -> Result<Run, StoreError>;
+    /// Cancels a run: at once unless it is running; a running run is marked, reported by
+    /// [`Store::renew`] and ends as cancelled when its attempt ends.
+    async fn cancel(&self, tenant: &str, id: &str) -> Result<Run, StoreError>;
+    /// Queues a failed or cancelled run again, with a fresh budget of attempts.
+    async fn retry(&self, tenant: &str, id: &str) -> Result<Run, StoreError>;
 
     async fn run(&self, tenant: &str, id: &str) -> Result<Option<RunDetail>, StoreError>;
     /// Newest first.
@@ -51,6 +60,21 @@ pub struct EnqueueRequest {
     pub trigger: String,
     /// Start no earlier than this; `None` = now.
     pub due_at: Option<Millis>,
+    /// A repeated key (same tenant and function) within [`IDEMPOTENCY_WINDOW_MS`] returns
+    /// the existing run instead of creating one.
+    pub idempotency_key: Option<String>,
+    /// Overrides the function's retry policy for this run.
+    pub retry: Option<RetryPolicy>,
+}
+
+/// How long an idempotency key keeps returning the run it created.
+pub const IDEMPOTENCY_WINDOW_MS: Millis = 24 * 3600 * 1000;
+
+#[derive(Debug, Clone)]
+pub struct Enqueued {
+    pub run: Run,
+    /// False when an earlier run with the same idempotency key was returned.
+    pub created: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -93,13 +117,18 @@ pub enum Outcome {
         output: Vec<u8>,
         fuel_used: Option<u64>,
     },
-    /// `retry_at: Some(t)` queues the run again, due at `t`; `None` ends it as failed.
+    /// `retry_in_ms: Some(d)` queues the run again, due `d` ms after the failure is
+    /// recorded (the store's clock, so backoff is measured from the recorded end of the
+    /// attempt); `None` ends it as failed.
     Failed {
         error: RunError,
-        retry_at: Option<Millis>,
+        retry_in_ms: Option<u64>,
         fuel_used: Option<u64>,
     },
-    /// Gives the run back untouched (shutdown): queued, due now, the attempt not counted.
+    /// The guest sleeps until `until`: the run is `sleeping`, claimable again then, and the
+    /// attempt goes on (its number does not change).
+    Suspended { until: Millis },
+    /// Gives the run back untouched (shutdown): due now, the attempt not counted.
     Released,
 }
 
@@ -134,6 +163,9 @@ pub enum StoreError {
     LeaseLost(RunId),
     #[error("{0} not found")]
     NotFound(String),
+    /// The transition does not apply to the run's current state.
+    #[error("{0}")]
+    Conflict(String),
     /// The backend is unreachable or overloaded; the same call may succeed later.
     #[error("store unavailable: {0}")]
     Unavailable(String),

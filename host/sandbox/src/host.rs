@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio_util::sync::CancellationToken;
@@ -47,6 +47,8 @@ pub(crate) struct State {
     /// Steps begun but not yet completed: name => occurrence.
     pending: HashMap<String, u32>,
     max_output_bytes: usize,
+    /// Sleeps this short wait in the attempt; longer ones suspend the run.
+    inline_sleep_max_ms: u64,
     pub(crate) deadline: Instant,
     pub(crate) cancel: CancellationToken,
     /// Why the epoch callback stopped the guest, if it did.
@@ -60,6 +62,7 @@ pub(crate) struct StateParams {
     pub memory_limit: u64,
     pub log_bytes: usize,
     pub max_output_bytes: usize,
+    pub inline_sleep_max_ms: u64,
     pub deadline: Instant,
     pub cancel: CancellationToken,
 }
@@ -98,6 +101,7 @@ impl State {
             occurrences: HashMap::new(),
             pending: HashMap::new(),
             max_output_bytes: p.max_output_bytes,
+            inline_sleep_max_ms: p.inline_sleep_max_ms,
             deadline: p.deadline,
             cancel: p.cancel,
             stop: None,
@@ -181,6 +185,56 @@ impl progress::Host for State {
     }
 }
 
+/// What a sleep stores as its step output: the wake-up time, fixed by the first attempt
+/// that reached the sleep, so replays neither restart nor shorten it.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SleepRecord {
+    wake_at: i64,
+}
+
+impl State {
+    /// A sleep is a step: its first execution stores the wake-up time; every replay reads
+    /// it back. Short remaining waits are slept here; longer ones end the attempt as
+    /// suspended, freeing the worker slot until the run is due again.
+    async fn durable_sleep(&mut self, name: String, wake_at: i64) -> wasmtime::Result<()> {
+        let counter = self.occurrences.entry(name.clone()).or_insert(0);
+        let occurrence = *counter;
+        *counter += 1;
+        let wake_at = match self.replay.remove(&(name.clone(), occurrence)) {
+            Some(stored) => match serde_json::from_slice::<SleepRecord>(&stored) {
+                Ok(r) => r.wake_at,
+                Err(_) => {
+                    return Err(guest_error(format!(
+                        "step {name:?} #{occurrence} was not a sleep in an earlier attempt: \
+                         the code outside steps is not deterministic"
+                    )));
+                }
+            },
+            None => {
+                let record = serde_json::to_vec(&SleepRecord { wake_at }).expect("serialises");
+                self.journal
+                    .complete_step(&name, occurrence, &record)
+                    .await
+                    .map_err(|msg| wasmtime::Error::new(Stop::Journal(msg)))?;
+                wake_at
+            }
+        };
+        let remaining = wake_at.saturating_sub(SystemClock.now_ms());
+        if remaining <= 0 {
+            return Ok(());
+        }
+        let remaining = Duration::from_millis(remaining as u64);
+        let fits = Instant::now() + remaining < self.deadline;
+        if remaining.as_millis() as u64 > self.inline_sleep_max_ms || !fits {
+            return Err(wasmtime::Error::new(Stop::Suspend(wake_at)));
+        }
+        tokio::select! {
+            () = tokio::time::sleep(remaining) => Ok(()),
+            () = self.cancel.cancelled() => Err(wasmtime::Error::new(Stop::Cancelled)),
+        }
+    }
+}
+
 impl step::Host for State {
     async fn begin(&mut self, name: String) -> wasmtime::Result<Option<Vec<u8>>> {
         let counter = self.occurrences.entry(name.clone()).or_insert(0);
@@ -216,12 +270,15 @@ impl step::Host for State {
             .map_err(|msg| wasmtime::Error::new(Stop::Journal(msg)))
     }
 
-    async fn sleep(&mut self, _name: String, _millis: u64) -> wasmtime::Result<()> {
-        Err(unsupported("sleep"))
+    async fn sleep(&mut self, name: String, millis: u64) -> wasmtime::Result<()> {
+        let now = SystemClock.now_ms();
+        let wake_at = now.saturating_add(i64::try_from(millis).unwrap_or(i64::MAX));
+        self.durable_sleep(name, wake_at).await
     }
 
-    async fn sleep_until(&mut self, _name: String, _unix_millis: u64) -> wasmtime::Result<()> {
-        Err(unsupported("sleep-until"))
+    async fn sleep_until(&mut self, name: String, unix_millis: u64) -> wasmtime::Result<()> {
+        let wake_at = i64::try_from(unix_millis).unwrap_or(i64::MAX);
+        self.durable_sleep(name, wake_at).await
     }
 
     async fn wait_for_event(

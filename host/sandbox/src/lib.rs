@@ -68,6 +68,9 @@ pub struct SandboxConfig {
     pub log_bytes_per_attempt: usize,
     /// Cap on the run output and on each step output.
     pub max_output_bytes: usize,
+    /// A durable sleep with at most this much left is slept inside the attempt; a longer
+    /// one suspends the run and frees the worker slot.
+    pub inline_sleep_max: Duration,
 }
 
 impl Default for SandboxConfig {
@@ -80,6 +83,7 @@ impl Default for SandboxConfig {
             compile_timeout: Duration::from_secs(60),
             log_bytes_per_attempt: 1 << 20,
             max_output_bytes: 4 << 20,
+            inline_sleep_max: Duration::from_secs(1),
         }
     }
 }
@@ -123,10 +127,37 @@ pub trait Journal: Send + Sync {
     fn progress(&self, progress: Progress);
 }
 
+/// How an attempt ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttemptOutcome {
+    /// `run` returned this output.
+    Output(Vec<u8>),
+    Failed(AttemptError),
+    /// The guest sleeps until this Unix time (ms): not a failure; replay the run then.
+    Suspended {
+        until: i64,
+    },
+}
+
+impl AttemptOutcome {
+    pub fn output(&self) -> Option<&[u8]> {
+        match self {
+            AttemptOutcome::Output(o) => Some(o),
+            _ => None,
+        }
+    }
+
+    pub fn error(&self) -> Option<&AttemptError> {
+        match self {
+            AttemptOutcome::Failed(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttemptResult {
-    /// The run output, or why the attempt failed.
-    pub result: Result<Vec<u8>, AttemptError>,
+    pub outcome: AttemptOutcome,
     pub fuel_used: u64,
     /// Highest total linear memory of the attempt.
     pub peak_memory_bytes: u64,
@@ -362,7 +393,7 @@ impl Sandbox {
         match task.join().await {
             Ok(result) => result,
             Err(e) => AttemptResult {
-                result: Err(failed(
+                outcome: AttemptOutcome::Failed(failed(
                     ErrorReason::Host,
                     format!("the attempt crashed: {e}"),
                 )),
@@ -508,7 +539,7 @@ async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant) -> Attemp
         cancel,
     } = spec;
     let early = |error| AttemptResult {
-        result: Err(error),
+        outcome: AttemptOutcome::Failed(error),
         fuel_used: 0,
         peak_memory_bytes: 0,
         duration: start.elapsed(),
@@ -526,8 +557,8 @@ async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant) -> Attemp
     };
     // The time limit counts from here: waiting for a slot is not the guest's time.
     let start = Instant::now();
-    let finish = |result, fuel_used, peak_memory_bytes| AttemptResult {
-        result,
+    let finish = |outcome, fuel_used, peak_memory_bytes| AttemptResult {
+        outcome,
         fuel_used,
         peak_memory_bytes,
         duration: start.elapsed(),
@@ -542,6 +573,7 @@ async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant) -> Attemp
         memory_limit,
         log_bytes: inner.config.log_bytes_per_attempt,
         max_output_bytes: inner.config.max_output_bytes,
+        inline_sleep_max_ms: inner.config.inline_sleep_max.as_millis() as u64,
         deadline,
         cancel: cancel.clone(),
     });
@@ -550,7 +582,7 @@ async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant) -> Attemp
     store.limiter(|s| &mut s.limiter);
     if let Err(e) = store.set_fuel(limits.fuel) {
         return finish(
-            Err(failed(ErrorReason::Host, format!("setting fuel: {e}"))),
+            AttemptOutcome::Failed(failed(ErrorReason::Host, format!("setting fuel: {e}"))),
             0,
             0,
         );
@@ -623,6 +655,11 @@ async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant) -> Attemp
         }
         Ended::Returned(Ok(Ok(output))) => Ok(output),
         Ended::Returned(Ok(Err(guest))) => Err(limits::guest_error(guest)),
+        Ended::Returned(Err((_, ref e)))
+            if let Some(&Stop::Suspend(until)) = e.downcast_ref::<Stop>() =>
+        {
+            return finish(AttemptOutcome::Suspended { until }, fuel_used, peak);
+        }
         Ended::Returned(Err((instantiating, e))) => Err(limits::classify(
             &e,
             Ending {
@@ -636,7 +673,11 @@ async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant) -> Attemp
             },
         )),
     };
-    finish(result, fuel_used, peak)
+    let outcome = match result {
+        Ok(output) => AttemptOutcome::Output(output),
+        Err(e) => AttemptOutcome::Failed(e),
+    };
+    finish(outcome, fuel_used, peak)
 }
 
 #[cfg(test)]

@@ -78,6 +78,9 @@ pub(crate) enum Stop {
     /// The guest misused a host function.
     #[error("{0}")]
     Guest(String),
+    /// Not a failure: the guest sleeps until this Unix time (ms); the run is replayed then.
+    #[error("suspended until {0}")]
+    Suspend(i64),
 }
 
 /// "2s", "1500ms": limits are configured in ms but usually whole seconds.
@@ -144,6 +147,10 @@ pub(crate) fn classify(err: &wasmtime::Error, end: Ending<'_>) -> AttemptError {
         Some(Stop::Cancelled) => return cancelled(),
         Some(Stop::Journal(msg)) => return failed(ErrorReason::Host, msg.clone()),
         Some(Stop::Guest(msg)) => return failed(ErrorReason::Trap, msg.clone()),
+        // Handled by the caller before classifying; reaching here is a bug, not the guest's.
+        Some(Stop::Suspend(_)) => {
+            return failed(ErrorReason::Host, "unexpected suspension".to_string());
+        }
         None => {}
     }
     let trap = err.downcast_ref::<Trap>();

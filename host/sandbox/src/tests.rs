@@ -173,7 +173,7 @@ async fn run_of_an_unloaded_digest_is_a_host_error() {
             cancel: CancellationToken::new(),
         })
         .await;
-    let err = r.result.unwrap_err();
+    let err = r.outcome.error().cloned().unwrap();
     assert_eq!(err.error.reason, ErrorReason::Host);
     assert!(
         err.error.message.contains("not loaded"),
@@ -273,7 +273,7 @@ fn spec(digest: &str, input: &str, limits: Limits) -> AttemptSpec {
 }
 
 fn reason(r: &AttemptResult) -> (ErrorReason, String) {
-    let e = r.result.as_ref().unwrap_err();
+    let e = r.outcome.error().unwrap();
     (e.error.reason, e.error.message.clone())
 }
 
@@ -281,7 +281,7 @@ fn reason(r: &AttemptResult) -> (ErrorReason, String) {
 async fn run_returns_output_and_guest_errors() {
     let (sb, d) = loaded().await;
     let r = sb.run(spec(&d, "echo", Limits::default())).await;
-    assert_eq!(r.result.as_deref(), Ok(&b"echo"[..]));
+    assert_eq!(r.outcome.output(), Some(&b"echo"[..]));
     assert!(r.fuel_used > 0 && r.peak_memory_bytes >= 65536, "{r:?}");
 
     let r = sb
@@ -293,7 +293,7 @@ async fn run_returns_output_and_guest_errors() {
     );
 
     let r = sb.run(spec(&d, "rate limited", Limits::default())).await;
-    let e = r.result.unwrap_err();
+    let e = r.outcome.error().cloned().unwrap();
     assert_eq!(
         (e.error.reason, e.retry_after_ms),
         (ErrorReason::RetryAfter, Some(1500))
@@ -445,9 +445,9 @@ async fn load_uses_the_disk_cache_and_survives_a_corrupt_entry() {
     assert_eq!(
         sb.run(spec(&d, "echo", Limits::default()))
             .await
-            .result
-            .as_deref(),
-        Ok(&b"echo"[..])
+            .outcome
+            .output(),
+        Some(&b"echo"[..])
     );
 
     // Replaced, not overwritten in place: the sandbox above has the file mapped, and
@@ -460,9 +460,9 @@ async fn load_uses_the_disk_cache_and_survives_a_corrupt_entry() {
     assert_eq!(
         sb.run(spec(&d, "echo", Limits::default()))
             .await
-            .result
-            .as_deref(),
-        Ok(&b"echo"[..])
+            .outcome
+            .output(),
+        Some(&b"echo"[..])
     );
     assert_ne!(
         std::fs::read(&cached[0]).unwrap(),

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Json, Router};
@@ -30,6 +30,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/runs", get(list_runs))
         .route("/v1/runs/{id}", get(get_run))
         .route("/v1/runs/{id}/logs", get(get_logs))
+        .route("/v1/runs/{id}/cancel", axum::routing::post(cancel_run))
+        .route("/v1/runs/{id}/retry", axum::routing::post(retry_run))
         .fallback(|| async { ApiError::not_found("no such route") })
         .with_state(app)
 }
@@ -76,6 +78,11 @@ pub struct DeployParams {
     pub max_attempts: Option<u32>,
     pub initial_backoff_ms: Option<u64>,
     pub max_backoff_ms: Option<u64>,
+    /// `exponential` (default) or `fixed`.
+    pub backoff: Option<Backoff>,
+    pub jitter: Option<bool>,
+    /// Retry traps (timeout, fuel, memory, panic); default true.
+    pub retry_traps: Option<bool>,
 }
 
 impl DeployParams {
@@ -93,6 +100,9 @@ impl DeployParams {
                     .initial_backoff_ms
                     .unwrap_or(d.retry.initial_backoff_ms),
                 max_backoff_ms: self.max_backoff_ms.unwrap_or(d.retry.max_backoff_ms),
+                backoff: self.backoff.unwrap_or(d.retry.backoff),
+                jitter: self.jitter.unwrap_or(d.retry.jitter),
+                retry_traps: self.retry_traps.unwrap_or(d.retry.retry_traps),
             },
         };
         let bad = |m: String| Err(ApiError::bad_request("bad_settings", m));
@@ -178,12 +188,22 @@ async fn list_functions(State(app): State<Arc<App>>) -> Result<Json<Vec<Function
     Ok(Json(app.store.functions(DEFAULT_TENANT).await?))
 }
 
+/// Per-run overrides, query parameters of `POST /v1/functions/{name}/runs`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunParams {
+    max_attempts: Option<u32>,
+}
+
 async fn create_run(
     State(app): State<Arc<App>>,
     Path(name): Path<String>,
+    params: Result<Query<RunParams>, QueryRejection>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     check_name(&name)?;
+    let params = query(params)?;
     let input = if body.iter().all(u8::is_ascii_whitespace) {
         b"{}".to_vec()
     } else {
@@ -195,7 +215,43 @@ async fn create_run(
             format!("the run input is not valid JSON: {e}"),
         ));
     }
-    let run = app
+    let idempotency_key = match headers.get("idempotency-key") {
+        None => None,
+        Some(v) => {
+            let key = v
+                .to_str()
+                .ok()
+                .filter(|k| !k.is_empty() && k.len() <= 255)
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "bad_idempotency_key",
+                        "Idempotency-Key must be 1-255 visible ASCII characters",
+                    )
+                })?;
+            Some(key.to_owned())
+        }
+    };
+    let retry = match params.max_attempts {
+        None => None,
+        Some(n) if (1..=100).contains(&n) => {
+            let f = app
+                .store
+                .function(DEFAULT_TENANT, &name)
+                .await?
+                .ok_or_else(|| ApiError::not_found(format!("function {name:?} not found")))?;
+            Some(RetryPolicy {
+                max_attempts: n,
+                ..f.settings.retry
+            })
+        }
+        Some(n) => {
+            return Err(ApiError::bad_request(
+                "bad_query",
+                format!("max_attempts must be between 1 and 100, got {n}"),
+            ));
+        }
+    };
+    let Enqueued { run, created } = app
         .store
         .enqueue(EnqueueRequest {
             tenant: DEFAULT_TENANT.into(),
@@ -203,16 +259,42 @@ async fn create_run(
             input,
             trigger: "api".into(),
             due_at: None,
+            idempotency_key,
+            retry,
         })
         .await?;
-    app.wake.notify_one();
+    if created {
+        app.wake.notify_one();
+    }
     let location = format!("/v1/runs/{}", run.id);
-    Ok((
-        StatusCode::CREATED,
-        [(header::LOCATION, location)],
-        Json(run),
-    )
-        .into_response())
+    // 200 with the existing run for a repeated Idempotency-Key, as Stripe answers.
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, [(header::LOCATION, location)], Json(run)).into_response())
+}
+
+async fn cancel_run(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> Result<Json<Run>, ApiError> {
+    let run = app.store.cancel(DEFAULT_TENANT, &id).await?;
+    if run.status == RunStatus::Running {
+        // Ours: interrupt it now. Another process's: it learns at its next lease renewal.
+        app.in_flight.cancel(&run.id);
+    }
+    Ok(Json(run))
+}
+
+async fn retry_run(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> Result<Json<Run>, ApiError> {
+    let run = app.store.retry(DEFAULT_TENANT, &id).await?;
+    app.wake.notify_one();
+    Ok(Json(run))
 }
 
 #[derive(Debug, Deserialize)]

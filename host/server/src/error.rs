@@ -56,6 +56,11 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
             StoreError::NotFound(what) => ApiError::not_found(format!("{what} not found")),
+            StoreError::Conflict(message) => ApiError {
+                status: StatusCode::CONFLICT,
+                code: "conflict",
+                message,
+            },
             StoreError::Unavailable(_) => ApiError {
                 status: StatusCode::SERVICE_UNAVAILABLE,
                 code: "unavailable",

@@ -39,6 +39,8 @@ pub(crate) struct App {
     pub sandbox_config: SandboxConfig,
     /// Wakes an idle worker when a run is created in this process.
     pub wake: Notify,
+    /// Attempts this process is running.
+    pub in_flight: worker::InFlight,
     pub worker_id: String,
     /// Held for the daemon's life: one daemon per data folder.
     _lock: std::fs::File,
@@ -98,6 +100,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         store: Arc::new(store),
         sandbox,
         wake: Notify::new(),
+        in_flight: worker::InFlight::default(),
         _lock: lock,
     });
 

@@ -10,13 +10,13 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use wasq_core::*;
-use wasq_sandbox::{AttemptError, AttemptSpec, Journal, RunInfo};
+use wasq_sandbox::{AttemptError, AttemptOutcome, AttemptSpec, Journal, RunInfo};
 
 use crate::App;
 
-/// Attempts in flight, for lease renewal and shutdown.
+/// Attempts in flight in this process, for lease renewal, cancellation and shutdown.
 #[derive(Default)]
-struct InFlight(Mutex<HashMap<RunId, (Lease, CancellationToken)>>);
+pub(crate) struct InFlight(Mutex<HashMap<RunId, (Lease, CancellationToken)>>);
 
 impl InFlight {
     fn leases(&self) -> Vec<Lease> {
@@ -27,7 +27,10 @@ impl InFlight {
             .map(|(l, _)| l.clone())
             .collect()
     }
-    fn cancel(&self, id: &str) {
+
+    /// Interrupts the attempt of run `id` if this process runs it: within one epoch tick,
+    /// rather than at the next lease renewal.
+    pub(crate) fn cancel(&self, id: &str) {
         if let Some((_, c)) = self.0.lock().unwrap().get(id) {
             c.cancel();
         }
@@ -36,12 +39,10 @@ impl InFlight {
 
 pub async fn run(app: Arc<App>, shutdown: CancellationToken) {
     let slots = Arc::new(Semaphore::new(app.config.concurrency));
-    let in_flight = Arc::new(InFlight::default());
     // Interrupts attempts still running when the grace period after shutdown ends.
     let hard_stop = CancellationToken::new();
     let renewer = tokio::spawn(renew_leases(
         app.clone(),
-        in_flight.clone(),
         shutdown.clone(),
         hard_stop.clone(),
     ));
@@ -93,17 +94,17 @@ pub async fn run(app: Arc<App>, shutdown: CancellationToken) {
                     .expect("semaphore is never closed"),
             };
             let cancel = hard_stop.child_token();
-            in_flight
+            app.in_flight
                 .0
                 .lock()
                 .unwrap()
                 .insert(c.run.id.clone(), (c.lease.clone(), cancel.clone()));
-            let (app, in_flight, hard_stop) = (app.clone(), in_flight.clone(), hard_stop.clone());
+            let (app, hard_stop) = (app.clone(), hard_stop.clone());
             let span = tracing::info_span!("attempt", run = %c.run.id, function = %c.run.function, attempt = c.run.attempt);
             attempts.spawn(async move {
                 let id = c.run.id.clone();
                 attempt(&app, c, cancel, &hard_stop).instrument(span).await;
-                in_flight.0.lock().unwrap().remove(&id);
+                app.in_flight.0.lock().unwrap().remove(&id);
                 drop(permit);
             });
         }
@@ -133,19 +134,14 @@ pub async fn run(app: Arc<App>, shutdown: CancellationToken) {
     let _ = renewer.await;
 }
 
-async fn renew_leases(
-    app: Arc<App>,
-    in_flight: Arc<InFlight>,
-    shutdown: CancellationToken,
-    hard_stop: CancellationToken,
-) {
+async fn renew_leases(app: Arc<App>, shutdown: CancellationToken, hard_stop: CancellationToken) {
     let every = app.config.lease / 3;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
             _ = hard_stop.cancelled() => return,
         }
-        let leases = in_flight.leases();
+        let leases = app.in_flight.leases();
         if leases.is_empty() {
             if shutdown.is_cancelled() {
                 return;
@@ -160,7 +156,7 @@ async fn renew_leases(
             Ok(lost) => {
                 for id in lost {
                     tracing::warn!(run = %id, "lease lost; interrupting the attempt");
-                    in_flight.cancel(&id);
+                    app.in_flight.cancel(&id);
                 }
             }
             Err(e) => tracing::warn!(error = %e, "lease renewal failed"),
@@ -294,7 +290,7 @@ async fn attempt(
             app.sandbox.run(spec).await
         }
         Err(error) => wasq_sandbox::AttemptResult {
-            result: Err(AttemptError {
+            outcome: AttemptOutcome::Failed(AttemptError {
                 error,
                 retry_after_ms: None,
             }),
@@ -304,30 +300,33 @@ async fn attempt(
         },
     };
 
-    let now = SystemClock.now_ms();
-    let outcome = match result.result {
-        Ok(output) => {
+    let outcome = match result.outcome {
+        AttemptOutcome::Output(output) => {
             tracing::info!(duration = ?result.duration, fuel = result.fuel_used, "attempt succeeded");
             Outcome::Succeeded {
                 output,
                 fuel_used: Some(result.fuel_used),
             }
         }
+        AttemptOutcome::Suspended { until } => {
+            tracing::info!(until, "run sleeps");
+            Outcome::Suspended { until }
+        }
         // Interrupted by shutdown, not by the guest: hand the run back untouched.
-        Err(_) if hard_stop.is_cancelled() => Outcome::Released,
-        Err(AttemptError {
+        AttemptOutcome::Failed(_) if hard_stop.is_cancelled() => Outcome::Released,
+        AttemptOutcome::Failed(AttemptError {
             error,
             retry_after_ms,
         }) => {
-            let next = run.attempt + 1;
-            let retry_at = error
-                .reason
-                .is_retryable()
-                .then(|| run.settings.retry.backoff_before(next))
-                .flatten()
-                .map(|backoff| now + backoff.max(retry_after_ms.unwrap_or(0)) as i64);
-            let what = match retry_at {
-                Some(t) => format!("; retrying in {} ms (attempt {next})", t - now),
+            let delay = run.settings.retry.retry_delay(
+                run.attempt,
+                error.reason,
+                retry_after_ms,
+                fastrand::f64(),
+            );
+            let what = match delay {
+                Some(d) => format!("; retrying in {d} ms (attempt {})", run.attempt + 1),
+                None if error.reason == ErrorReason::Fatal => "; fatal, not retried".into(),
                 None => "; no retries left".into(),
             };
             tracing::info!(error = %error, "attempt failed{what}");
@@ -338,7 +337,7 @@ async fn attempt(
             )]));
             Outcome::Failed {
                 error,
-                retry_at,
+                retry_in_ms: delay,
                 fuel_used: Some(result.fuel_used),
             }
         }

@@ -52,21 +52,31 @@ CREATE TABLE IF NOT EXISTS runs (
     finished_at      INTEGER,
     lease_token      INTEGER NOT NULL DEFAULT 0,
     lease_expires_at INTEGER,
-    worker           TEXT
+    worker           TEXT,
+    idempotency_key  TEXT,
+    -- a running run whose cancellation was asked for: cancelled when its attempt ends
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    -- the current execution resumed a sleeping run (it did not start a new attempt)
+    resumed          INTEGER NOT NULL DEFAULT 0
 );
-CREATE INDEX IF NOT EXISTS runs_ready ON runs (due_at, created_at) WHERE status = 'queued';
+CREATE INDEX IF NOT EXISTS runs_ready ON runs (due_at, created_at) WHERE status IN ('queued', 'sleeping');
+CREATE UNIQUE INDEX IF NOT EXISTS runs_idempotency ON runs (tenant, function, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS runs_leased ON runs (lease_expires_at) WHERE status = 'running';
 CREATE INDEX IF NOT EXISTS runs_by_tenant ON runs (tenant, created_at DESC, id DESC);
 CREATE INDEX IF NOT EXISTS runs_by_function ON runs (tenant, function, created_at DESC, id DESC);
+-- One row per execution: a sleep splits one attempt into several executions.
 CREATE TABLE IF NOT EXISTS attempts (
-    run_id      TEXT NOT NULL,
-    number      INTEGER NOT NULL,
-    worker      TEXT NOT NULL,
-    started_at  INTEGER NOT NULL,
-    finished_at INTEGER,
-    error       TEXT,
-    fuel_used   INTEGER,
-    PRIMARY KEY (run_id, number)
+    run_id          TEXT NOT NULL,
+    seq             INTEGER NOT NULL,
+    number          INTEGER NOT NULL,
+    worker          TEXT NOT NULL,
+    started_at      INTEGER NOT NULL,
+    finished_at     INTEGER,
+    error           TEXT,
+    fuel_used       INTEGER,
+    suspended_until INTEGER,
+    PRIMARY KEY (run_id, seq)
 );
 CREATE TABLE IF NOT EXISTS steps (
     run_id       TEXT NOT NULL,
@@ -90,7 +100,7 @@ CREATE TABLE IF NOT EXISTS logs (
 "#;
 
 const RUN_COLUMNS: &str = "id, tenant, function, digest, settings, status, input, output, error, \
-     attempt, trigger, progress, created_at, updated_at, due_at, finished_at";
+     attempt, trigger, progress, created_at, updated_at, due_at, finished_at, idempotency_key";
 
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
@@ -213,6 +223,7 @@ fn run_from_row(row: &Row<'_>) -> rusqlite::Result<Run> {
         updated_at: row.get(13)?,
         due_at: row.get(14)?,
         finished_at: row.get(15)?,
+        idempotency_key: row.get(16)?,
     })
 }
 
@@ -278,6 +289,7 @@ fn check_lease(tx: &Connection, lease: &Lease) -> Result<Run, StoreError> {
     Ok(run)
 }
 
+/// Ends the run's latest execution.
 fn close_attempt(
     tx: &Connection,
     run: &Run,
@@ -285,14 +297,41 @@ fn close_attempt(
     error: Option<&RunError>,
     fuel_used: Option<u64>,
 ) -> Result<(), StoreError> {
+    close_execution(tx, &run.id, now, error, fuel_used, None)
+}
+
+fn close_execution(
+    tx: &Connection,
+    run_id: &str,
+    now: i64,
+    error: Option<&RunError>,
+    fuel_used: Option<u64>,
+    suspended_until: Option<i64>,
+) -> Result<(), StoreError> {
     let error = error.map(to_json).transpose()?;
     tx.execute(
-        "UPDATE attempts SET finished_at = ?3, error = ?4, fuel_used = ?5
-         WHERE run_id = ?1 AND number = ?2",
-        params![run.id, run.attempt, now, error, fuel_used],
+        "UPDATE attempts SET finished_at = ?2, error = ?3, fuel_used = ?4, suspended_until = ?5
+         WHERE run_id = ?1 AND seq = (SELECT MAX(seq) FROM attempts WHERE run_id = ?1)",
+        params![run_id, now, error, fuel_used, suspended_until],
     )
     .map_err(internal)?;
     Ok(())
+}
+
+fn cancel_requested(tx: &Connection, id: &str) -> Result<bool, StoreError> {
+    tx.query_row(
+        "SELECT cancel_requested FROM runs WHERE id = ?1",
+        [id],
+        |r| r.get(0),
+    )
+    .map_err(internal)
+}
+
+/// A run of `tenant`, or NotFound: other tenants' runs do not exist for the caller.
+fn tenant_run(tx: &Connection, tenant: &str, id: &str) -> Result<Run, StoreError> {
+    load_run(tx, id)?
+        .filter(|r| r.tenant == tenant)
+        .ok_or_else(|| StoreError::NotFound(format!("run {id:?}")))
 }
 
 /// Takes back runs whose worker stopped renewing: queued again, or failed for good.
@@ -319,7 +358,9 @@ fn reap_expired(tx: &Connection, now: i64) -> Result<(), StoreError> {
             ),
         );
         close_attempt(tx, &run, now, Some(&error), None)?;
-        let (status, finished_at) = if lease_loss_is_final(&run) {
+        let (status, finished_at) = if cancel_requested(tx, &run.id)? {
+            (RunStatus::Cancelled, Some(now))
+        } else if lease_loss_is_final(&run) {
             (RunStatus::Failed, Some(now))
         } else {
             (RunStatus::Queued, None)
@@ -410,7 +451,7 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn enqueue(&self, req: EnqueueRequest) -> Result<Run, StoreError> {
+    async fn enqueue(&self, req: EnqueueRequest) -> Result<Enqueued, StoreError> {
         let id = uuid::Uuid::now_v7().to_string();
         self.tx(move |tx, now| {
             let function = tx
@@ -424,24 +465,58 @@ impl Store for SqliteStore {
                 .optional()
                 .map_err(internal)?
                 .ok_or_else(|| StoreError::NotFound(format!("function {:?}", req.function)))?;
+            if let Some(key) = &req.idempotency_key {
+                let existing: Option<(String, i64)> = tx
+                    .query_row(
+                        "SELECT id, created_at FROM runs
+                         WHERE tenant = ?1 AND function = ?2 AND idempotency_key = ?3",
+                        params![req.tenant, req.function, key],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .optional()
+                    .map_err(internal)?;
+                match existing {
+                    Some((id, created)) if created > now - IDEMPOTENCY_WINDOW_MS => {
+                        let run = load_run(tx, &id)?
+                            .ok_or_else(|| StoreError::Internal("keyed run vanished".into()))?;
+                        return Ok(Enqueued {
+                            run,
+                            created: false,
+                        });
+                    }
+                    // Past its window the key is free again; the old run keeps its history.
+                    Some((id, _)) => {
+                        tx.execute("UPDATE runs SET idempotency_key = NULL WHERE id = ?1", [id])
+                            .map_err(internal)?;
+                    }
+                    None => {}
+                }
+            }
+            let mut settings = function.settings;
+            if let Some(retry) = req.retry {
+                settings.retry = retry;
+            }
             tx.execute(
                 "INSERT INTO runs (id, tenant, function, digest, settings, status, input, trigger,
-                     created_at, updated_at, due_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'queued', ?6, ?7, ?8, ?8, ?9)",
+                     created_at, updated_at, due_at, idempotency_key)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'queued', ?6, ?7, ?8, ?8, ?9, ?10)",
                 params![
                     id,
                     req.tenant,
                     req.function,
                     function.digest,
-                    to_json(&function.settings)?,
+                    to_json(&settings)?,
                     req.input,
                     req.trigger,
                     now,
-                    req.due_at.unwrap_or(now)
+                    req.due_at.unwrap_or(now),
+                    req.idempotency_key,
                 ],
             )
             .map_err(internal)?;
-            load_run(tx, &id)?.ok_or_else(|| StoreError::Internal("inserted run vanished".into()))
+            let run = load_run(tx, &id)?
+                .ok_or_else(|| StoreError::Internal("inserted run vanished".into()))?;
+            Ok(Enqueued { run, created: true })
         })
         .await
     }
@@ -452,7 +527,7 @@ impl Store for SqliteStore {
             let ids: Vec<String> = {
                 let mut stmt = tx
                     .prepare_cached(
-                        "SELECT id FROM runs WHERE status = 'queued' AND due_at <= ?1
+                        "SELECT id FROM runs WHERE status IN ('queued', 'sleeping') AND due_at <= ?1
                          ORDER BY due_at, created_at, id LIMIT ?2",
                     )
                     .map_err(internal)?;
@@ -464,7 +539,10 @@ impl Store for SqliteStore {
             for id in ids {
                 let token: u64 = tx
                     .query_row(
-                        "UPDATE runs SET status = 'running', attempt = attempt + 1,
+                        // Waking from a sleep continues the attempt; anything else starts one.
+                        "UPDATE runs SET status = 'running',
+                             attempt = CASE WHEN status = 'sleeping' THEN MAX(attempt, 1) ELSE attempt + 1 END,
+                             resumed = (status = 'sleeping'),
                              lease_token = lease_token + 1, lease_expires_at = ?2, worker = ?3,
                              updated_at = ?4
                          WHERE id = ?1 RETURNING lease_token",
@@ -474,7 +552,8 @@ impl Store for SqliteStore {
                     .map_err(internal)?;
                 let run = load_run(tx, &id)?.ok_or_else(|| StoreError::Internal("claimed run vanished".into()))?;
                 tx.execute(
-                    "INSERT OR REPLACE INTO attempts (run_id, number, worker, started_at) VALUES (?1, ?2, ?3, ?4)",
+                    "INSERT INTO attempts (run_id, seq, number, worker, started_at)
+                     VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM attempts WHERE run_id = ?1), ?2, ?3, ?4)",
                     params![id, run.attempt, req.worker, now],
                 )
                 .map_err(internal)?;
@@ -494,7 +573,8 @@ impl Store for SqliteStore {
                 let n = tx
                     .execute(
                         "UPDATE runs SET lease_expires_at = ?3
-                         WHERE id = ?1 AND lease_token = ?2 AND status = 'running'",
+                         WHERE id = ?1 AND lease_token = ?2 AND status = 'running'
+                             AND cancel_requested = 0",
                         params![lease.run_id, lease.token, now + lease_ms as i64],
                     )
                     .map_err(internal)?;
@@ -569,6 +649,25 @@ impl Store for SqliteStore {
         let lease = lease.clone();
         self.tx(move |tx, now| {
             let run = check_lease(tx, &lease)?;
+            let resumed: bool = tx
+                .query_row("SELECT resumed FROM runs WHERE id = ?1", [&run.id], |r| r.get(0))
+                .map_err(internal)?;
+            if cancel_requested(tx, &run.id)? && !matches!(outcome, Outcome::Succeeded { .. }) {
+                let (error, fuel_used) = match &outcome {
+                    Outcome::Failed { error, fuel_used, .. } => (Some(error), *fuel_used),
+                    _ => (None, None),
+                };
+                close_attempt(tx, &run, now, error, fuel_used)?;
+                tx.execute(
+                    "UPDATE runs SET status = 'cancelled', finished_at = ?2, updated_at = ?2,
+                         lease_expires_at = NULL, worker = NULL
+                     WHERE id = ?1",
+                    params![run.id, now],
+                )
+                .map_err(internal)?;
+                return load_run(tx, &run.id)?
+                    .ok_or_else(|| StoreError::Internal("finished run vanished".into()));
+            }
             match outcome {
                 Outcome::Succeeded { output, fuel_used } => {
                     close_attempt(tx, &run, now, None, fuel_used)?;
@@ -580,48 +679,97 @@ impl Store for SqliteStore {
                     )
                     .map_err(internal)?;
                 }
-                Outcome::Failed {
-                    error,
-                    retry_at,
-                    fuel_used,
-                } => {
+                Outcome::Failed { error, retry_in_ms, fuel_used } => {
                     close_attempt(tx, &run, now, Some(&error), fuel_used)?;
-                    let (status, due_at, finished_at) = match retry_at {
-                        Some(t) => (RunStatus::Queued, t, None),
+                    let (status, due_at, finished_at) = match retry_in_ms {
+                        Some(d) => (RunStatus::Queued, now.saturating_add(d as i64), None),
                         None => (RunStatus::Failed, run.due_at, Some(now)),
                     };
                     tx.execute(
                         "UPDATE runs SET status = ?2, error = ?3, due_at = ?4, finished_at = ?5,
                              updated_at = ?6, lease_expires_at = NULL, worker = NULL
                          WHERE id = ?1",
-                        params![
-                            run.id,
-                            status.as_str(),
-                            to_json(&error)?,
-                            due_at,
-                            finished_at,
-                            now
-                        ],
+                        params![run.id, status.as_str(), to_json(&error)?, due_at, finished_at, now],
+                    )
+                    .map_err(internal)?;
+                }
+                Outcome::Suspended { until } => {
+                    close_execution(tx, &run.id, now, None, None, Some(until))?;
+                    tx.execute(
+                        "UPDATE runs SET status = 'sleeping', due_at = ?2, updated_at = ?3,
+                             lease_expires_at = NULL, worker = NULL
+                         WHERE id = ?1",
+                        params![run.id, until, now],
                     )
                     .map_err(internal)?;
                 }
                 Outcome::Released => {
                     tx.execute(
-                        "DELETE FROM attempts WHERE run_id = ?1 AND number = ?2",
-                        params![run.id, run.attempt],
+                        "DELETE FROM attempts
+                         WHERE run_id = ?1 AND seq = (SELECT MAX(seq) FROM attempts WHERE run_id = ?1)",
+                        [&run.id],
                     )
                     .map_err(internal)?;
+                    // Put the run back exactly as it was claimed: a resumed sleeper stays
+                    // a resume (same attempt), a fresh attempt is given back uncounted.
+                    let (status, attempt) =
+                        if resumed { (RunStatus::Sleeping, run.attempt) } else { (RunStatus::Queued, run.attempt - 1) };
                     tx.execute(
-                        "UPDATE runs SET status = 'queued', attempt = attempt - 1, due_at = ?2,
-                             updated_at = ?2, lease_expires_at = NULL, worker = NULL
+                        "UPDATE runs SET status = ?2, attempt = ?3, due_at = ?4,
+                             updated_at = ?4, lease_expires_at = NULL, worker = NULL
                          WHERE id = ?1",
-                        params![run.id, now],
+                        params![run.id, status.as_str(), attempt, now],
                     )
                     .map_err(internal)?;
                 }
             }
-            load_run(tx, &run.id)?
-                .ok_or_else(|| StoreError::Internal("finished run vanished".into()))
+            load_run(tx, &run.id)?.ok_or_else(|| StoreError::Internal("finished run vanished".into()))
+        })
+        .await
+    }
+
+    async fn cancel(&self, tenant: &str, id: &str) -> Result<Run, StoreError> {
+        let (tenant, id) = (tenant.to_owned(), id.to_owned());
+        self.tx(move |tx, now| {
+            let run = tenant_run(tx, &tenant, &id)?;
+            if run.status.is_terminal() {
+                return Err(StoreError::Conflict(format!("run {id} is already {}", run.status)));
+            }
+            if run.status == RunStatus::Running {
+                tx.execute("UPDATE runs SET cancel_requested = 1, updated_at = ?2 WHERE id = ?1", params![id, now])
+                    .map_err(internal)?;
+            } else {
+                tx.execute(
+                    "UPDATE runs SET status = 'cancelled', finished_at = ?2, updated_at = ?2 WHERE id = ?1",
+                    params![id, now],
+                )
+                .map_err(internal)?;
+            }
+            load_run(tx, &id)?.ok_or_else(|| StoreError::Internal("cancelled run vanished".into()))
+        })
+        .await
+    }
+
+    async fn retry(&self, tenant: &str, id: &str) -> Result<Run, StoreError> {
+        let (tenant, id) = (tenant.to_owned(), id.to_owned());
+        self.tx(move |tx, now| {
+            let run = tenant_run(tx, &tenant, &id)?;
+            if !matches!(run.status, RunStatus::Failed | RunStatus::Cancelled) {
+                return Err(StoreError::Conflict(format!(
+                    "run {id} is {}: only failed or cancelled runs can be retried",
+                    run.status
+                )));
+            }
+            let mut settings = run.settings;
+            settings.retry.max_attempts += run.attempt;
+            tx.execute(
+                "UPDATE runs SET status = 'queued', settings = ?2, due_at = ?3, updated_at = ?3,
+                     finished_at = NULL, cancel_requested = 0
+                 WHERE id = ?1",
+                params![id, to_json(&settings)?, now],
+            )
+            .map_err(internal)?;
+            load_run(tx, &id)?.ok_or_else(|| StoreError::Internal("retried run vanished".into()))
         })
         .await
     }
@@ -635,8 +783,8 @@ impl Store for SqliteStore {
             let attempts = {
                 let mut stmt = tx
                     .prepare_cached(
-                        "SELECT number, worker, started_at, finished_at, error, fuel_used
-                         FROM attempts WHERE run_id = ?1 ORDER BY number",
+                        "SELECT number, worker, started_at, finished_at, error, fuel_used, suspended_until
+                         FROM attempts WHERE run_id = ?1 ORDER BY seq",
                     )
                     .map_err(internal)?;
                 let rows = stmt
@@ -648,6 +796,7 @@ impl Store for SqliteStore {
                             finished_at: r.get(3)?,
                             error: opt_json(r.get(4)?)?,
                             fuel_used: r.get(5)?,
+                            suspended_until: r.get(6)?,
                         })
                     })
                     .map_err(internal)?;

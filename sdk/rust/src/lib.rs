@@ -56,8 +56,8 @@
 //! - Not a way to reach the outside world: the host grants no files, environment variables or
 //!   sockets; a job can do what this crate offers, plus what `std` gets from WASI: clocks,
 //!   random numbers, stdout and stderr.
-//! - Not a wrapper of the world's not-yet-supported imports (durable sleep, events, child
-//!   runs): the host traps on them today, so they are not exposed.
+//! - Not a wrapper of the world's not-yet-supported imports (events, child runs): the host
+//!   traps on them today, so they are not exposed. Durable sleep is: [`step::sleep`].
 //!
 //! # Panics
 //!

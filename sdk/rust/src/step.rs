@@ -49,3 +49,31 @@ where
     wit::complete(name, &output);
     Ok(value)
 }
+
+/// Durable sleep: pauses the run for `duration`, counted from the first time the run
+/// reaches this sleep.
+///
+/// The wake-up time is stored like a step output, so a retry or a host restart neither
+/// restarts nor skips the sleep. Short remaining waits (up to about a second) are slept in
+/// the attempt; longer ones end the attempt and free the worker: the run is `sleeping`
+/// and is replayed from the start when due — completed steps return their stored output,
+/// so only the code outside steps runs again.
+///
+/// ```no_run
+/// # use std::time::Duration;
+/// # fn job() {
+/// wasq_guest::step::sleep("cool-down", Duration::from_secs(3600));
+/// # }
+/// ```
+pub fn sleep(name: &str, duration: std::time::Duration) {
+    wit::sleep(name, u64::try_from(duration.as_millis()).unwrap_or(u64::MAX));
+}
+
+/// Durable sleep until a wall-clock time (`SystemTime`); see [`sleep`].
+pub fn sleep_until(name: &str, until: std::time::SystemTime) {
+    let ms = until
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0);
+    wit::sleep_until(name, ms);
+}
