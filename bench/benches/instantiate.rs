@@ -16,6 +16,12 @@ impl Journal for NoJournal {
     async fn complete_step(&self, _: &str, _: u32, _: &[u8]) -> Result<(), String> {
         Ok(())
     }
+    async fn send_event(&self, _: &str, _: serde_json::Value, _: &str) -> Result<(), String> {
+        Ok(())
+    }
+    async fn start_run(&self, _: &str, _: &[u8], _: &str) -> Result<String, String> {
+        Err("the benchmark starts no runs".into())
+    }
     fn log(&self, _: LogLine) {}
     fn progress(&self, _: Progress) {}
 }

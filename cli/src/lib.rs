@@ -48,6 +48,26 @@ enum Command {
     /// Inspect deployed functions.
     #[command(subcommand)]
     Functions(FunctionsCommand),
+    /// Send events.
+    #[command(subcommand)]
+    Events(EventsCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum EventsCommand {
+    /// Send an event: starts subscribed functions, resumes runs waiting for it.
+    Send {
+        /// Event name, e.g. user.signup.
+        name: String,
+        /// Event data (JSON), or @FILE.
+        #[arg(long, default_value = "{}")]
+        data: String,
+        /// Deduplication id: the same id within 24 hours is accepted once.
+        #[arg(long)]
+        id: Option<String>,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -117,6 +137,9 @@ struct DeployArgs {
     /// Do not retry traps (timeout, fuel, memory, panic); the guest's retryable errors still are.
     #[arg(long)]
     no_retry_traps: bool,
+    /// Event names that start a run of the function, comma-separated.
+    #[arg(long)]
+    events: Option<String>,
     #[arg(long, value_enum, default_value_t)]
     output: Output,
 }
@@ -288,6 +311,29 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Runs(RunsCommand::Logs { id, follow, output }) => {
             logs(client()?, &id, follow, output).await
         }
+        Command::Events(EventsCommand::Send {
+            name,
+            data,
+            id,
+            output,
+        }) => {
+            let data = read_json_arg(&data, "--data")?;
+            let body = serde_json::json!({ "name": name, "data": data, "id": id });
+            let sent = client()?.post_json("/v1/events", body.to_string()).await?;
+            match output {
+                Output::Json => println!("{}", pretty(&sent)),
+                Output::Table if sent["accepted"] == false => {
+                    println!("event {} was already sent: ignored", str_of(&sent["id"]))
+                }
+                Output::Table => println!(
+                    "sent {name} ({}): started {} run(s), resumed {}",
+                    str_of(&sent["id"]),
+                    sent["started"].as_array().map_or(0, Vec::len),
+                    sent["resumed"].as_array().map_or(0, Vec::len)
+                ),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Functions(FunctionsCommand::List { output }) => {
             let fns = client()?.get("/v1/functions", &[]).await?;
             print_functions(&fns, output);
@@ -391,6 +437,7 @@ async fn deploy(client: Client, args: DeployArgs) -> Result<ExitCode> {
     if args.no_retry_traps {
         query.push(("retry_traps", "false".into()));
     }
+    query.extend(args.events.map(|e| ("events", e)));
     let path = format!("/v1/functions/{}", client::path_segment(&args.name));
     let f = client.put_bytes(&path, &query, bytes).await?;
     match args.output {
@@ -406,12 +453,7 @@ async fn deploy(client: Client, args: DeployArgs) -> Result<ExitCode> {
 }
 
 async fn run(client: Client, args: RunArgs) -> Result<ExitCode> {
-    let input = match args.input.strip_prefix('@') {
-        Some(file) => std::fs::read_to_string(file)
-            .with_context(|| format!("cannot read input file {file}"))?,
-        None => args.input.clone(),
-    };
-    serde_json::from_str::<Value>(&input).context("--input is not valid JSON")?;
+    let input = read_json_arg(&args.input, "--input")?.to_string();
     let mut path = format!(
         "/v1/functions/{}/runs",
         client::path_segment(&args.function)
@@ -508,6 +550,16 @@ async fn logs(client: Client, id: &str, follow: bool, output: Output) -> Result<
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// A JSON argument given inline or as @FILE.
+fn read_json_arg(arg: &str, flag: &str) -> Result<Value> {
+    let text = match arg.strip_prefix('@') {
+        Some(file) => std::fs::read_to_string(file)
+            .with_context(|| format!("cannot read {flag} file {file}"))?,
+        None => arg.to_owned(),
+    };
+    serde_json::from_str(&text).with_context(|| format!("{flag} is not valid JSON"))
 }
 
 fn str_of(v: &Value) -> &str {

@@ -93,6 +93,19 @@ where
         ("a per-run retry policy overrides the function's", |s, c| {
             Box::pin(retry_override(s, c))
         }),
+        (
+            "a matching event resumes a waiting run; others do not",
+            |s, c| Box::pin(wait_event(s, c)),
+        ),
+        ("a wait times out with no event", |s, c| {
+            Box::pin(wait_timeout(s, c))
+        }),
+        ("events start subscribed functions once per id", |s, c| {
+            Box::pin(event_subscribers(s, c))
+        }),
+        ("a run waiting on another resumes when it ends", |s, c| {
+            Box::pin(wait_run(s, c))
+        }),
     ];
     for (name, scenario) in scenarios {
         let clock = ManualClock::new(T0);
@@ -122,6 +135,7 @@ async fn deploy_fn(store: &impl Store, name: &str, digest: &str, max_attempts: u
             digest: digest.into(),
             component: format!("bytes of {digest}").into_bytes(),
             settings: settings(max_attempts),
+            events: vec![],
         })
         .await
         .expect("deploy")
@@ -137,6 +151,7 @@ async fn enqueue(store: &impl Store, function: &str, input: &str) -> Run {
             due_at: None,
             idempotency_key: None,
             retry: None,
+            parent: None,
         })
         .await
         .expect("enqueue")
@@ -231,6 +246,7 @@ async fn enqueue_unknown(store: impl Store, _clock: ManualClock) {
             due_at: None,
             idempotency_key: None,
             retry: None,
+            parent: None,
         })
         .await
         .expect_err("no such function");
@@ -283,6 +299,7 @@ async fn claim_order(store: impl Store, clock: ManualClock) {
             due_at: Some(T0 + 60_000),
             idempotency_key: None,
             retry: None,
+            parent: None,
         })
         .await
         .unwrap()
@@ -909,6 +926,7 @@ async fn idempotency(store: impl Store, clock: ManualClock) {
         due_at: None,
         idempotency_key: Some(key.into()),
         retry: None,
+        parent: None,
     };
     let first = store.enqueue(req("f", "k1")).await.unwrap();
     assert!(first.created);
@@ -941,6 +959,7 @@ async fn retry_override(store: impl Store, _clock: ManualClock) {
             due_at: None,
             idempotency_key: None,
             retry: Some(policy),
+            parent: None,
         })
         .await
         .unwrap()
@@ -950,5 +969,272 @@ async fn retry_override(store: impl Store, _clock: ManualClock) {
         run.settings.limits,
         Limits::default(),
         "limits still come from the function"
+    );
+}
+
+fn step_output(steps: &[StepRecord], name: &str) -> Resolution {
+    let step = steps
+        .iter()
+        .find(|s| s.name == name)
+        .unwrap_or_else(|| panic!("no step {name}: {steps:?}"));
+    serde_json::from_slice(&step.output).expect("a resolution")
+}
+
+fn waiting_for_event(filter: Option<&str>, until: Option<i64>) -> Outcome {
+    Outcome::Waiting(Wait {
+        step: "paid".into(),
+        occurrence: 0,
+        on: WaitOn::Event {
+            name: "order.paid".into(),
+            filter: filter.map(Into::into),
+        },
+        until,
+    })
+}
+
+async fn send(
+    store: &impl Store,
+    name: &str,
+    data: serde_json::Value,
+    id: Option<&str>,
+) -> EventSent {
+    store
+        .send_event(EventRequest {
+            tenant: DEFAULT_TENANT.into(),
+            name: name.into(),
+            data,
+            id: id.map(Into::into),
+        })
+        .await
+        .expect("send event")
+}
+
+async fn wait_event(store: impl Store, clock: ManualClock) {
+    deploy_fn(&store, "f", "d", 1).await;
+    let run = enqueue(&store, "f", "{}").await;
+    let c = claim(&store, "w", 1).await.remove(0);
+    let r = store
+        .finish(
+            &c.lease,
+            waiting_for_event(Some(r#"{"order": 7}"#), Some(T0 + 60_000)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, RunStatus::Waiting);
+    assert!(r.wait.is_some());
+    let other = send(&store, "order.paid", serde_json::json!({"order": 8}), None).await;
+    assert!(
+        other.resumed.is_empty(),
+        "a non-matching event does not resume it"
+    );
+    let other_name = send(
+        &store,
+        "order.shipped",
+        serde_json::json!({"order": 7}),
+        None,
+    )
+    .await;
+    assert!(other_name.resumed.is_empty());
+    clock.advance(10);
+    assert!(claim(&store, "w", 1).await.is_empty(), "still waiting");
+    let hit = send(
+        &store,
+        "order.paid",
+        serde_json::json!({"order": 7, "amount": 12}),
+        None,
+    )
+    .await;
+    assert_eq!(hit.resumed, std::slice::from_ref(&run.id));
+    let again = claim(&store, "w", 1).await.remove(0);
+    assert_eq!(again.run.id, run.id);
+    assert_eq!(again.run.attempt, 1, "resuming is not a retry");
+    assert_eq!(
+        step_output(&again.steps, "paid"),
+        Resolution::Event {
+            data: serde_json::json!({"order": 7, "amount": 12})
+        }
+    );
+    let second = send(&store, "order.paid", serde_json::json!({"order": 7}), None).await;
+    assert!(second.resumed.is_empty(), "a wait resolves once");
+}
+
+async fn wait_timeout(store: impl Store, clock: ManualClock) {
+    deploy_fn(&store, "f", "d", 1).await;
+    let run = enqueue(&store, "f", "{}").await;
+    let c = claim(&store, "w", 1).await.remove(0);
+    store
+        .finish(&c.lease, waiting_for_event(None, Some(T0 + 5_000)))
+        .await
+        .unwrap();
+    clock.set(T0 + 4_999);
+    assert!(claim(&store, "w", 1).await.is_empty());
+    clock.set(T0 + 5_000);
+    let again = claim(&store, "w", 1).await.remove(0);
+    assert_eq!(again.run.id, run.id);
+    assert_eq!(step_output(&again.steps, "paid"), Resolution::TimedOut);
+    let late = send(&store, "order.paid", serde_json::json!({}), None).await;
+    assert!(
+        late.resumed.is_empty(),
+        "a timed-out wait ignores later events"
+    );
+
+    // Waiting with no time limit, then cancelled.
+    let forever = enqueue(&store, "f", "{}").await;
+    let c = claim(&store, "w", 1)
+        .await
+        .into_iter()
+        .find(|c| c.run.id == forever.id)
+        .unwrap();
+    store
+        .finish(&c.lease, waiting_for_event(None, None))
+        .await
+        .unwrap();
+    clock.advance(365 * 24 * 3600 * 1000);
+    assert!(
+        claim(&store, "w", 10)
+            .await
+            .iter()
+            .all(|c| c.run.id != forever.id)
+    );
+    let r = store.cancel(DEFAULT_TENANT, &forever.id).await.unwrap();
+    assert_eq!(r.status, RunStatus::Cancelled);
+}
+
+async fn event_subscribers(store: impl Store, _clock: ManualClock) {
+    store
+        .deploy(DeployRequest {
+            tenant: DEFAULT_TENANT.into(),
+            name: "welcome".into(),
+            digest: "d".into(),
+            component: b"c".to_vec(),
+            settings: settings(1),
+            events: vec!["user.signup".into()],
+        })
+        .await
+        .unwrap();
+    deploy_fn(&store, "unrelated", "d", 1).await;
+    let sent = send(
+        &store,
+        "user.signup",
+        serde_json::json!({"user": 1}),
+        Some("evt-1"),
+    )
+    .await;
+    assert!(sent.accepted);
+    assert_eq!(sent.id, "evt-1");
+    assert_eq!(sent.started.len(), 1);
+    let run = detail(&store, &sent.started[0]).await.run;
+    assert_eq!(
+        (run.function.as_str(), run.trigger.as_str()),
+        ("welcome", "event:user.signup")
+    );
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&run.input).unwrap(),
+        serde_json::json!({"user": 1})
+    );
+    let dup = send(
+        &store,
+        "user.signup",
+        serde_json::json!({"user": 1}),
+        Some("evt-1"),
+    )
+    .await;
+    assert!(!dup.accepted, "an event id is a dedup key");
+    assert!(dup.started.is_empty());
+    assert_eq!(
+        store
+            .runs(query(Some("welcome"), None))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    let other = send(&store, "user.signup", serde_json::json!({"user": 2}), None).await;
+    assert!(
+        other.accepted && other.started.len() == 1,
+        "no id: always a new event"
+    );
+}
+
+async fn wait_run(store: impl Store, clock: ManualClock) {
+    deploy_fn(&store, "f", "d", 1).await;
+    let parent = enqueue(&store, "f", "{}").await;
+    let p = claim(&store, "w", 1).await.remove(0);
+    let child = store
+        .enqueue(EnqueueRequest {
+            tenant: DEFAULT_TENANT.into(),
+            function: "f".into(),
+            input: b"{}".to_vec(),
+            trigger: format!("child:{}", parent.id),
+            due_at: None,
+            idempotency_key: Some(format!("child:{}:call:0", parent.id)),
+            retry: None,
+            parent: Some(parent.id.clone()),
+        })
+        .await
+        .unwrap()
+        .run;
+    assert_eq!(child.parent.as_deref(), Some(parent.id.as_str()));
+    let wait = |id: &str| {
+        Outcome::Waiting(Wait {
+            step: "call".into(),
+            occurrence: 0,
+            on: WaitOn::Run { id: id.into() },
+            until: None,
+        })
+    };
+    let r = store.finish(&p.lease, wait(&child.id)).await.unwrap();
+    assert_eq!(r.status, RunStatus::Waiting);
+    let c = claim(&store, "w", 1).await.remove(0);
+    assert_eq!(c.run.id, child.id, "the parent waits; the child runs");
+    clock.advance(5);
+    store
+        .finish(
+            &c.lease,
+            Outcome::Succeeded {
+                output: br#"{"sum":3}"#.to_vec(),
+                fuel_used: None,
+            },
+        )
+        .await
+        .unwrap();
+    let p = claim(&store, "w", 1).await.remove(0);
+    assert_eq!(p.run.id, parent.id, "the child's end resumes the parent");
+    assert_eq!(
+        step_output(&p.steps, "call"),
+        Resolution::Output {
+            output: serde_json::json!({"sum": 3})
+        }
+    );
+
+    // Waiting on a run that already ended resolves at once; a failed one is an error.
+    let failing = enqueue(&store, "f", "{}").await;
+    let f = claim(&store, "w", 1)
+        .await
+        .into_iter()
+        .find(|c| c.run.id == failing.id)
+        .unwrap();
+    store
+        .finish(&f.lease, failed(ErrorReason::Fatal, None))
+        .await
+        .unwrap();
+    let r = store
+        .finish(
+            &p.lease,
+            Outcome::Waiting(Wait {
+                step: "join".into(),
+                occurrence: 0,
+                on: WaitOn::Run {
+                    id: failing.id.clone(),
+                },
+                until: None,
+            }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, RunStatus::Sleeping, "resolved at once, due now");
+    let p = claim(&store, "w", 1).await.remove(0);
+    assert!(
+        matches!(step_output(&p.steps, "join"), Resolution::Error { message } if message.contains("boom"))
     );
 }

@@ -209,6 +209,9 @@ pub struct Function {
     pub digest: String,
     pub size_bytes: u64,
     pub settings: FunctionSettings,
+    /// Event names that start a run of this function, one per event.
+    #[serde(default)]
+    pub events: Vec<String>,
     pub created_at: Millis,
     pub updated_at: Millis,
 }
@@ -260,6 +263,78 @@ impl fmt::Display for RunError {
     }
 }
 
+/// A suspended `wait-for-event` or `call`: the step whose output the resolution becomes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Wait {
+    pub step: String,
+    pub occurrence: u32,
+    pub on: WaitOn,
+    /// Give up then (the step resolves as timed out); `None` = wait forever.
+    pub until: Option<Millis>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitOn {
+    /// An event of this name whose data matches `filter` (see [`event_matches`]).
+    Event {
+        name: String,
+        filter: Option<String>,
+    },
+    /// The end of this (child) run.
+    Run { id: RunId },
+}
+
+/// How a wait ended; stored (as JSON) as the waiting step's output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Resolution {
+    /// The matching event's data.
+    Event {
+        data: serde_json::Value,
+    },
+    /// The awaited run succeeded with this output.
+    Output {
+        output: serde_json::Value,
+    },
+    /// The awaited run failed or was cancelled.
+    Error {
+        message: String,
+    },
+    TimedOut,
+}
+
+impl Resolution {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a resolution serialises")
+    }
+}
+
+/// The `if` of `wait-for-event`: a JSON object of dotted paths into the event's data and
+/// the values they must equal, e.g. `{"user_id": 42, "order.status": "paid"}`. All must
+/// hold. No filter matches every event; a filter that is not such an object matches none.
+pub fn event_matches(filter: Option<&str>, data: &serde_json::Value) -> bool {
+    let Some(filter) = filter else { return true };
+    let Ok(serde_json::Value::Object(fields)) = serde_json::from_str::<serde_json::Value>(filter)
+    else {
+        return false;
+    };
+    fields.iter().all(|(path, expected)| {
+        path.split('.').try_fold(data, |v, key| v.get(key)) == Some(expected)
+    })
+}
+
+/// Checks a filter when the guest registers it, so a typo fails loudly instead of never
+/// matching.
+pub fn check_event_filter(filter: &str) -> Result<(), String> {
+    match serde_json::from_str::<serde_json::Value>(filter) {
+        Ok(serde_json::Value::Object(_)) => Ok(()),
+        _ => Err(format!(
+            "invalid wait-for-event filter {filter:?}: expected a JSON object of dotted paths to values, e.g. {{\"user_id\": 42}}"
+        )),
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Progress {
     pub percent: u8,
@@ -302,6 +377,12 @@ pub struct Run {
     /// The key this run was created with, for deduplicating retried requests.
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// The run that started this one with `invoke` or `call`.
+    #[serde(default)]
+    pub parent: Option<RunId>,
+    /// What a `waiting` run waits for.
+    #[serde(default)]
+    pub wait: Option<Wait>,
     pub progress: Option<Progress>,
     pub created_at: Millis,
     pub updated_at: Millis,
@@ -479,6 +560,27 @@ mod tests {
             None,
             "traps not retried"
         );
+    }
+
+    #[test]
+    fn event_filters_compare_dotted_paths() {
+        let data = serde_json::json!({"user_id": 42, "order": {"status": "paid"}});
+        assert!(event_matches(None, &data));
+        assert!(event_matches(Some("{}"), &data));
+        assert!(event_matches(Some(r#"{"user_id": 42}"#), &data));
+        assert!(event_matches(
+            Some(r#"{"user_id": 42, "order.status": "paid"}"#),
+            &data
+        ));
+        assert!(!event_matches(Some(r#"{"user_id": 43}"#), &data));
+        assert!(
+            !event_matches(Some(r#"{"user_id": "42"}"#), &data),
+            "types matter"
+        );
+        assert!(!event_matches(Some(r#"{"order.missing": 1}"#), &data));
+        assert!(!event_matches(Some("user_id == 42"), &data));
+        assert!(check_event_filter("[1]").is_err());
+        assert!(check_event_filter(r#"{"a.b": true}"#).is_ok());
     }
 
     #[test]

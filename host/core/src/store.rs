@@ -35,6 +35,9 @@ pub trait Store: Send + Sync + 'static {
     async fn cancel(&self, tenant: &str, id: &str) -> Result<Run, StoreError>;
     /// Queues a failed or cancelled run again, with a fresh budget of attempts.
     async fn retry(&self, tenant: &str, id: &str) -> Result<Run, StoreError>;
+    /// Records an event (once per id), starts a run of every subscribed function and
+    /// resumes every run waiting for a matching event.
+    async fn send_event(&self, req: EventRequest) -> Result<EventSent, StoreError>;
 
     async fn run(&self, tenant: &str, id: &str) -> Result<Option<RunDetail>, StoreError>;
     /// Newest first.
@@ -50,6 +53,8 @@ pub struct DeployRequest {
     pub digest: String,
     pub component: Vec<u8>,
     pub settings: FunctionSettings,
+    /// Event names that start a run of the function.
+    pub events: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -65,6 +70,28 @@ pub struct EnqueueRequest {
     pub idempotency_key: Option<String>,
     /// Overrides the function's retry policy for this run.
     pub retry: Option<RetryPolicy>,
+    /// Set for a child run started by `invoke` or `call`: the parent is resumed when a
+    /// `call` waits for it.
+    pub parent: Option<RunId>,
+}
+
+#[derive(Debug, Clone)]
+pub struct EventRequest {
+    pub tenant: String,
+    pub name: String,
+    /// JSON.
+    pub data: serde_json::Value,
+    /// Deduplication key: an event id seen within [`IDEMPOTENCY_WINDOW_MS`] is ignored.
+    pub id: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct EventSent {
+    pub id: String,
+    /// False when the id was seen before: nothing happened.
+    pub accepted: bool,
+    pub started: Vec<RunId>,
+    pub resumed: Vec<RunId>,
 }
 
 /// How long an idempotency key keeps returning the run it created.
@@ -128,6 +155,11 @@ pub enum Outcome {
     /// The guest sleeps until `until`: the run is `sleeping`, claimable again then, and the
     /// attempt goes on (its number does not change).
     Suspended { until: Millis },
+    /// The guest waits for an event or a run: the run is `waiting` until the store
+    /// resolves the wait (matching event, end of the run, or `until`), writes the
+    /// [`Resolution`] as the step's output and makes the run claimable as a resume. A
+    /// wait on a run that already ended resolves at once.
+    Waiting(Wait),
     /// Gives the run back untouched (shutdown): due now, the attempt not counted.
     Released,
 }

@@ -13,7 +13,10 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
-use wasq_core::{Clock, LogLevel, LogLine, LogSource, Progress, StepRecord, SystemClock};
+use wasq_core::{
+    Clock, LogLevel, LogLine, LogSource, Progress, Resolution, StepRecord, SystemClock, Wait,
+    WaitOn, check_event_filter,
+};
 
 use crate::limits::{MemoryLimiter, Stop};
 use crate::{Journal, RunInfo};
@@ -136,12 +139,6 @@ fn guest_error(msg: String) -> wasmtime::Error {
     wasmtime::Error::new(Stop::Guest(msg))
 }
 
-fn unsupported(func: &str) -> wasmtime::Error {
-    guest_error(format!(
-        "step.{func} is not yet supported by this wasq host"
-    ))
-}
-
 impl types::Host for State {}
 
 impl context::Host for State {
@@ -193,23 +190,44 @@ struct SleepRecord {
 }
 
 impl State {
+    /// The occurrence index of the next step named `name` in this attempt.
+    fn next_occurrence(&mut self, name: &str) -> u32 {
+        let counter = self.occurrences.entry(name.to_owned()).or_insert(0);
+        let occurrence = *counter;
+        *counter += 1;
+        occurrence
+    }
+
+    /// A stored step output parsed as `T`; a different shape means the code outside
+    /// steps changed what it does at this point between attempts.
+    fn replayed<T: serde::de::DeserializeOwned>(
+        &mut self,
+        name: &str,
+        occurrence: u32,
+        what: &str,
+    ) -> wasmtime::Result<Option<T>> {
+        match self.replay.remove(&(name.to_owned(), occurrence)) {
+            None => Ok(None),
+            Some(stored) => serde_json::from_slice(&stored).map(Some).map_err(|_| {
+                guest_error(format!(
+                    "step {name:?} #{occurrence} was not {what} in an earlier attempt: \
+                     the code outside steps is not deterministic"
+                ))
+            }),
+        }
+    }
+
+    fn idempotency_key(&self, kind: &str, name: &str, occurrence: u32) -> String {
+        format!("{kind}:{}:{name}:{occurrence}", self.info.run_id)
+    }
+
     /// A sleep is a step: its first execution stores the wake-up time; every replay reads
     /// it back. Short remaining waits are slept here; longer ones end the attempt as
     /// suspended, freeing the worker slot until the run is due again.
     async fn durable_sleep(&mut self, name: String, wake_at: i64) -> wasmtime::Result<()> {
-        let counter = self.occurrences.entry(name.clone()).or_insert(0);
-        let occurrence = *counter;
-        *counter += 1;
-        let wake_at = match self.replay.remove(&(name.clone(), occurrence)) {
-            Some(stored) => match serde_json::from_slice::<SleepRecord>(&stored) {
-                Ok(r) => r.wake_at,
-                Err(_) => {
-                    return Err(guest_error(format!(
-                        "step {name:?} #{occurrence} was not a sleep in an earlier attempt: \
-                         the code outside steps is not deterministic"
-                    )));
-                }
-            },
+        let occurrence = self.next_occurrence(&name);
+        let wake_at = match self.replayed::<SleepRecord>(&name, occurrence, "a sleep")? {
+            Some(r) => r.wake_at,
             None => {
                 let record = serde_json::to_vec(&SleepRecord { wake_at }).expect("serialises");
                 self.journal
@@ -237,9 +255,7 @@ impl State {
 
 impl step::Host for State {
     async fn begin(&mut self, name: String) -> wasmtime::Result<Option<Vec<u8>>> {
-        let counter = self.occurrences.entry(name.clone()).or_insert(0);
-        let occurrence = *counter;
-        *counter += 1;
+        let occurrence = self.next_occurrence(&name);
         match self.replay.remove(&(name.clone(), occurrence)) {
             Some(output) => Ok(Some(output)),
             None => {
@@ -283,39 +299,156 @@ impl step::Host for State {
 
     async fn wait_for_event(
         &mut self,
-        _name: String,
-        _event: String,
-        _if_: Option<String>,
-        _timeout_millis: u64,
+        name: String,
+        event: String,
+        if_: Option<String>,
+        timeout_millis: u64,
     ) -> wasmtime::Result<Option<Vec<u8>>> {
-        Err(unsupported("wait-for-event"))
+        let occurrence = self.next_occurrence(&name);
+        match self.replayed::<Resolution>(&name, occurrence, "a wait for an event")? {
+            Some(Resolution::Event { data }) => return Ok(Some(data.to_string().into_bytes())),
+            Some(Resolution::TimedOut) => return Ok(None),
+            Some(_) => {
+                return Err(guest_error(format!(
+                    "step {name:?} was not a wait for an event"
+                )));
+            }
+            None => {}
+        }
+        if let Some(filter) = &if_ {
+            check_event_filter(filter).map_err(guest_error)?;
+        }
+        let until = (timeout_millis > 0).then(|| {
+            SystemClock
+                .now_ms()
+                .saturating_add(i64::try_from(timeout_millis).unwrap_or(i64::MAX))
+        });
+        Err(wasmtime::Error::new(Stop::Wait(Wait {
+            step: name,
+            occurrence,
+            on: WaitOn::Event {
+                name: event,
+                filter: if_,
+            },
+            until,
+        })))
     }
 
     async fn invoke(
         &mut self,
-        _name: String,
-        _function: String,
-        _input: Vec<u8>,
+        name: String,
+        function: String,
+        input: Vec<u8>,
     ) -> wasmtime::Result<String> {
-        Err(unsupported("invoke"))
+        let occurrence = self.next_occurrence(&name);
+        if let Some(r) = self.replayed::<ChildRecord>(&name, occurrence, "an invoke")? {
+            return Ok(r.run_id);
+        }
+        let key = self.idempotency_key("child", &name, occurrence);
+        let run_id = self
+            .journal
+            .start_run(&function, &input, &key)
+            .await
+            .map_err(guest_error)?;
+        let record = serde_json::to_vec(&ChildRecord {
+            run_id: run_id.clone(),
+        })
+        .expect("serialises");
+        self.journal
+            .complete_step(&name, occurrence, &record)
+            .await
+            .map_err(|msg| wasmtime::Error::new(Stop::Journal(msg)))?;
+        Ok(run_id)
     }
 
     async fn call(
         &mut self,
-        _name: String,
-        _function: String,
-        _input: Vec<u8>,
+        name: String,
+        function: String,
+        input: Vec<u8>,
     ) -> wasmtime::Result<Result<Vec<u8>, String>> {
-        Err(unsupported("call"))
+        let occurrence = self.next_occurrence(&name);
+        if let Some(resolution) = self.replayed::<Resolution>(&name, occurrence, "a call")? {
+            return run_result(&name, resolution);
+        }
+        // The key makes the start exactly-once: a replay before the child ends finds it.
+        let key = self.idempotency_key("child", &name, occurrence);
+        let run_id = self
+            .journal
+            .start_run(&function, &input, &key)
+            .await
+            .map_err(guest_error)?;
+        Err(wasmtime::Error::new(Stop::Wait(Wait {
+            step: name,
+            occurrence,
+            on: WaitOn::Run { id: run_id },
+            until: None,
+        })))
+    }
+
+    async fn join(
+        &mut self,
+        name: String,
+        run_id: String,
+    ) -> wasmtime::Result<Result<Vec<u8>, String>> {
+        let occurrence = self.next_occurrence(&name);
+        if let Some(resolution) = self.replayed::<Resolution>(&name, occurrence, "a join")? {
+            return run_result(&name, resolution);
+        }
+        Err(wasmtime::Error::new(Stop::Wait(Wait {
+            step: name,
+            occurrence,
+            on: WaitOn::Run { id: run_id },
+            until: None,
+        })))
     }
 
     async fn send_event(
         &mut self,
-        _name: String,
-        _event: String,
-        _data: Vec<u8>,
+        name: String,
+        event: String,
+        data: Vec<u8>,
     ) -> wasmtime::Result<()> {
-        Err(unsupported("send-event"))
+        let occurrence = self.next_occurrence(&name);
+        if self
+            .replayed::<serde_json::Value>(&name, occurrence, "a sent event")?
+            .is_some()
+        {
+            return Ok(());
+        }
+        let data: serde_json::Value = serde_json::from_slice(&data)
+            .map_err(|e| guest_error(format!("send-event {event:?}: the data is not JSON: {e}")))?;
+        // The id makes the send exactly-once even if the step record below is lost.
+        let id = self.idempotency_key("event", &name, occurrence);
+        self.journal
+            .send_event(&event, data, &id)
+            .await
+            .map_err(|msg| wasmtime::Error::new(Stop::Journal(msg)))?;
+        let record =
+            serde_json::to_vec(&serde_json::json!({ "event_id": id })).expect("serialises");
+        self.journal
+            .complete_step(&name, occurrence, &record)
+            .await
+            .map_err(|msg| wasmtime::Error::new(Stop::Journal(msg)))
+    }
+}
+
+/// What `invoke` stores: the child's id, returned again on replay.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ChildRecord {
+    run_id: String,
+}
+
+/// A finished `call` / `join`: the run's output, or why it did not succeed.
+fn run_result(name: &str, resolution: Resolution) -> wasmtime::Result<Result<Vec<u8>, String>> {
+    match resolution {
+        Resolution::Output { output } => Ok(Ok(match output {
+            // Outputs that were not JSON were stored as strings: give back the text.
+            serde_json::Value::String(s) => serde_json::to_vec(&s).expect("serialises"),
+            v => v.to_string().into_bytes(),
+        })),
+        Resolution::Error { message } => Ok(Err(message)),
+        _ => Err(guest_error(format!("step {name:?} was not a call or join"))),
     }
 }
 
@@ -595,6 +728,12 @@ mod tests {
     impl Journal for Lines {
         async fn complete_step(&self, _: &str, _: u32, _: &[u8]) -> Result<(), String> {
             Ok(())
+        }
+        async fn send_event(&self, _: &str, _: serde_json::Value, _: &str) -> Result<(), String> {
+            Ok(())
+        }
+        async fn start_run(&self, _: &str, _: &[u8], _: &str) -> Result<String, String> {
+            Err("no runs here".into())
         }
         fn log(&self, line: LogLine) {
             self.0.lock().unwrap().push(line);

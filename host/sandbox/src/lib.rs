@@ -122,6 +122,16 @@ pub trait Journal: Send + Sync {
     /// guest: the attempt ends with reason Host and that message.
     async fn complete_step(&self, name: &str, occurrence: u32, output: &[u8])
     -> Result<(), String>;
+    /// Sends an event (exactly once per `id`): starts subscribed functions, resumes
+    /// waiting runs.
+    async fn send_event(
+        &self,
+        event: &str,
+        data: serde_json::Value,
+        id: &str,
+    ) -> Result<(), String>;
+    /// Starts a child run of `function` (exactly once per `key`) and returns its id.
+    async fn start_run(&self, function: &str, input: &[u8], key: &str) -> Result<String, String>;
     /// Must not block: called from inside the guest's writes.
     fn log(&self, line: LogLine);
     fn progress(&self, progress: Progress);
@@ -137,6 +147,8 @@ pub enum AttemptOutcome {
     Suspended {
         until: i64,
     },
+    /// The guest waits for an event or for another run; replay the run when it resolves.
+    Waiting(wasq_core::Wait),
 }
 
 impl AttemptOutcome {
@@ -653,6 +665,11 @@ async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant) -> Attemp
             if let Some(&Stop::Suspend(until)) = e.downcast_ref::<Stop>() =>
         {
             return finish(AttemptOutcome::Suspended { until }, fuel_used, peak);
+        }
+        Ended::Returned(Err((_, ref e)))
+            if let Some(Stop::Wait(wait)) = e.downcast_ref::<Stop>() =>
+        {
+            return finish(AttemptOutcome::Waiting(wait.clone()), fuel_used, peak);
         }
         Ended::Returned(Err((instantiating, e))) => Err(limits::classify(
             &e,

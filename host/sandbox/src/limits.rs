@@ -81,6 +81,9 @@ pub(crate) enum Stop {
     /// Not a failure: the guest sleeps until this Unix time (ms); the run is replayed then.
     #[error("suspended until {0}")]
     Suspend(i64),
+    /// Not a failure: the guest waits for an event or a run.
+    #[error("waiting")]
+    Wait(wasq_core::Wait),
 }
 
 /// "2s", "1500ms": limits are configured in ms but usually whole seconds.
@@ -148,7 +151,7 @@ pub(crate) fn classify(err: &wasmtime::Error, end: Ending<'_>) -> AttemptError {
         Some(Stop::Journal(msg)) => return failed(ErrorReason::Host, msg.clone()),
         Some(Stop::Guest(msg)) => return failed(ErrorReason::Trap, msg.clone()),
         // Handled by the caller before classifying; reaching here is a bug, not the guest's.
-        Some(Stop::Suspend(_)) => {
+        Some(Stop::Suspend(_) | Stop::Wait(_)) => {
             return failed(ErrorReason::Host, "unexpected suspension".to_string());
         }
         None => {}

@@ -159,6 +159,12 @@ async fn run_of_an_unloaded_digest_is_a_host_error() {
         async fn complete_step(&self, _: &str, _: u32, _: &[u8]) -> Result<(), String> {
             Ok(())
         }
+        async fn send_event(&self, _: &str, _: serde_json::Value, _: &str) -> Result<(), String> {
+            Ok(())
+        }
+        async fn start_run(&self, _: &str, _: &[u8], _: &str) -> Result<String, String> {
+            Err("no runs here".into())
+        }
         fn log(&self, _: LogLine) {}
         fn progress(&self, _: Progress) {}
     }
@@ -246,6 +252,12 @@ struct Nop;
 impl Journal for Nop {
     async fn complete_step(&self, _: &str, _: u32, _: &[u8]) -> Result<(), String> {
         Ok(())
+    }
+    async fn send_event(&self, _: &str, _: serde_json::Value, _: &str) -> Result<(), String> {
+        Ok(())
+    }
+    async fn start_run(&self, _: &str, _: &[u8], _: &str) -> Result<String, String> {
+        Err("no runs here".into())
     }
     fn log(&self, _: LogLine) {}
     fn progress(&self, _: Progress) {}

@@ -28,6 +28,7 @@ pub fn router(app: Arc<App>) -> Router {
         )
         .route("/v1/functions/{name}/runs", axum::routing::post(create_run))
         .route("/v1/runs", get(list_runs))
+        .route("/v1/events", axum::routing::post(send_event))
         .route("/v1/runs/{id}", get(get_run))
         .route("/v1/runs/{id}/logs", get(get_logs))
         .route("/v1/runs/{id}/cancel", axum::routing::post(cancel_run))
@@ -83,6 +84,27 @@ pub struct DeployParams {
     pub jitter: Option<bool>,
     /// Retry traps (timeout, fuel, memory, panic); default true.
     pub retry_traps: Option<bool>,
+    /// Comma-separated event names that start a run of the function.
+    pub events: Option<String>,
+}
+
+/// Event names: what users type on command lines and match in filters.
+fn check_event_name(name: &str) -> Result<(), ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '/'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(
+            "bad_event",
+            format!(
+                "invalid event name {name:?}: use 1-128 letters, digits, '-', '_', '.', ':' or '/'"
+            ),
+        ))
+    }
 }
 
 impl DeployParams {
@@ -141,7 +163,19 @@ async fn deploy(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     check_name(&name)?;
-    let settings = query(params)?.settings(app.sandbox_config.max_memory_bytes)?;
+    let params = query(params)?;
+    let settings = params.settings(app.sandbox_config.max_memory_bytes)?;
+    let events: Vec<String> = match &params.events {
+        None => vec![],
+        Some(list) => list
+            .split(',')
+            .map(|e| e.trim().to_owned())
+            .filter(|e| !e.is_empty())
+            .collect(),
+    };
+    for e in &events {
+        check_event_name(e)?;
+    }
     if body.is_empty() {
         return Err(ApiError::bad_request(
             "bad_component",
@@ -164,6 +198,7 @@ async fn deploy(
             digest,
             component: body.to_vec(),
             settings,
+            events,
         })
         .await?;
     tracing::info!(function = %function.name, digest = %function.digest, "deployed");
@@ -261,6 +296,7 @@ async fn create_run(
             due_at: None,
             idempotency_key,
             retry,
+            parent: None,
         })
         .await?;
     if created {
@@ -274,6 +310,49 @@ async fn create_run(
         StatusCode::OK
     };
     Ok((status, [(header::LOCATION, location)], Json(run)).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventBody {
+    name: String,
+    #[serde(default)]
+    data: serde_json::Value,
+    /// Deduplication key: the same id within 24 hours is accepted once.
+    id: Option<String>,
+}
+
+async fn send_event(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+    let event: EventBody = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(
+            "bad_event",
+            format!("expected {{\"name\": ..., \"data\": ..., \"id\": ...}}: {e}"),
+        )
+    })?;
+    check_event_name(&event.name)?;
+    if event
+        .id
+        .as_ref()
+        .is_some_and(|id| id.is_empty() || id.len() > 255)
+    {
+        return Err(ApiError::bad_request(
+            "bad_event",
+            "an event id must be 1-255 characters",
+        ));
+    }
+    let sent = app
+        .store
+        .send_event(EventRequest {
+            tenant: DEFAULT_TENANT.into(),
+            name: event.name,
+            data: event.data,
+            id: event.id,
+        })
+        .await?;
+    if !sent.started.is_empty() || !sent.resumed.is_empty() {
+        app.wake.notify_one();
+    }
+    Ok((StatusCode::ACCEPTED, Json(sent)).into_response())
 }
 
 async fn cancel_run(

@@ -168,6 +168,7 @@ async fn renew_leases(app: Arc<App>, shutdown: CancellationToken, hard_stop: Can
 /// synchronously (a step is durable before the guest moves on).
 struct StoreJournal {
     app: Arc<App>,
+    tenant: String,
     lease: Lease,
     tx: mpsc::UnboundedSender<Record>,
 }
@@ -189,6 +190,48 @@ impl Journal for StoreJournal {
             .await
             .map_err(|e| format!("could not store step {name:?}: {e}"))
     }
+    async fn send_event(
+        &self,
+        event: &str,
+        data: serde_json::Value,
+        id: &str,
+    ) -> Result<(), String> {
+        let req = EventRequest {
+            tenant: self.tenant.clone(),
+            name: event.into(),
+            data,
+            id: Some(id.into()),
+        };
+        with_retries(|| self.app.store.send_event(req.clone()))
+            .await
+            .map_err(|e| format!("could not send event {event:?}: {e}"))?;
+        self.app.wake.notify_one();
+        Ok(())
+    }
+
+    async fn start_run(&self, function: &str, input: &[u8], key: &str) -> Result<String, String> {
+        let req = EnqueueRequest {
+            tenant: self.tenant.clone(),
+            function: function.into(),
+            input: input.to_vec(),
+            trigger: format!("child:{}", self.lease.run_id),
+            due_at: None,
+            idempotency_key: Some(key.into()),
+            retry: None,
+            parent: Some(self.lease.run_id.clone()),
+        };
+        let enqueued = with_retries(|| self.app.store.enqueue(req.clone()))
+            .await
+            .map_err(|e| match e {
+                StoreError::NotFound(_) => {
+                    format!("cannot start a run of {function:?}: no such function")
+                }
+                e => format!("cannot start a run of {function:?}: {e}"),
+            })?;
+        self.app.wake.notify_one();
+        Ok(enqueued.run.id)
+    }
+
     fn log(&self, line: LogLine) {
         let _ = self.tx.send(Record::Logs(vec![line]));
     }
@@ -265,6 +308,7 @@ async fn attempt(
     let flusher = tokio::spawn(flush_records(app.clone(), lease.clone(), rx));
     let journal = Arc::new(StoreJournal {
         app: app.clone(),
+        tenant: run.tenant.clone(),
         lease: lease.clone(),
         tx: tx.clone(),
     });
@@ -312,6 +356,10 @@ async fn attempt(
             tracing::info!(until, "run sleeps");
             Outcome::Suspended { until }
         }
+        AttemptOutcome::Waiting(wait) => {
+            tracing::info!(step = %wait.step, "run waits");
+            Outcome::Waiting(wait)
+        }
         // Interrupted by shutdown, not by the guest: hand the run back untouched.
         AttemptOutcome::Failed(_) if hard_stop.is_cancelled() => Outcome::Released,
         AttemptOutcome::Failed(AttemptError {
@@ -345,7 +393,11 @@ async fn attempt(
     drop((tx, journal));
     let _ = flusher.await;
     match with_retries(|| app.store.finish(&lease, outcome.clone())).await {
-        Ok(run) => tracing::debug!(status = %run.status, "attempt recorded"),
+        Ok(run) => {
+            tracing::debug!(status = %run.status, "attempt recorded");
+            // Its end may have resumed a run waiting for it, or it may be due again now.
+            app.wake.notify_one();
+        }
         Err(StoreError::LeaseLost(_)) => {
             tracing::warn!("lease lost before the attempt ended; its result is discarded")
         }

@@ -29,6 +29,7 @@ CREATE TABLE IF NOT EXISTS functions (
     digest     TEXT NOT NULL REFERENCES components(digest),
     size_bytes INTEGER NOT NULL,
     settings   TEXT NOT NULL,
+    events     TEXT NOT NULL DEFAULT '[]',
     created_at INTEGER NOT NULL,
     updated_at INTEGER NOT NULL,
     PRIMARY KEY (tenant, name)
@@ -57,7 +58,23 @@ CREATE TABLE IF NOT EXISTS runs (
     -- a running run whose cancellation was asked for: cancelled when its attempt ends
     cancel_requested INTEGER NOT NULL DEFAULT 0,
     -- the current execution resumed a sleeping run (it did not start a new attempt)
-    resumed          INTEGER NOT NULL DEFAULT 0
+    resumed          INTEGER NOT NULL DEFAULT 0,
+    parent           TEXT,
+    -- a waiting run's Wait (JSON), and what it waits on, for indexed lookup
+    wait             TEXT,
+    wait_event       TEXT,
+    wait_run         TEXT
+);
+CREATE INDEX IF NOT EXISTS runs_waiting_event ON runs (tenant, wait_event) WHERE status = 'waiting';
+CREATE INDEX IF NOT EXISTS runs_waiting_run ON runs (wait_run) WHERE status = 'waiting';
+CREATE INDEX IF NOT EXISTS runs_wait_due ON runs (due_at) WHERE status = 'waiting';
+CREATE TABLE IF NOT EXISTS events (
+    tenant     TEXT NOT NULL,
+    id         TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    data       TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (tenant, id)
 );
 CREATE INDEX IF NOT EXISTS runs_ready ON runs (due_at, created_at) WHERE status IN ('queued', 'sleeping');
 CREATE UNIQUE INDEX IF NOT EXISTS runs_idempotency ON runs (tenant, function, idempotency_key)
@@ -100,7 +117,8 @@ CREATE TABLE IF NOT EXISTS logs (
 "#;
 
 const RUN_COLUMNS: &str = "id, tenant, function, digest, settings, status, input, output, error, \
-     attempt, trigger, progress, created_at, updated_at, due_at, finished_at, idempotency_key";
+     attempt, trigger, progress, created_at, updated_at, due_at, finished_at, idempotency_key, \
+     parent, wait";
 
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
@@ -224,6 +242,8 @@ fn run_from_row(row: &Row<'_>) -> rusqlite::Result<Run> {
         due_at: row.get(14)?,
         finished_at: row.get(15)?,
         idempotency_key: row.get(16)?,
+        parent: row.get(17)?,
+        wait: opt_json(row.get(18)?)?,
     })
 }
 
@@ -236,10 +256,12 @@ fn function_from_row(row: &Row<'_>) -> rusqlite::Result<Function> {
         settings: from_json(&row.get::<_, String>(4)?)?,
         created_at: row.get(5)?,
         updated_at: row.get(6)?,
+        events: from_json(&row.get::<_, String>(7)?)?,
     })
 }
 
-const FUNCTION_COLUMNS: &str = "tenant, name, digest, size_bytes, settings, created_at, updated_at";
+const FUNCTION_COLUMNS: &str =
+    "tenant, name, digest, size_bytes, settings, created_at, updated_at, events";
 
 fn load_run(tx: &Connection, id: &str) -> Result<Option<Run>, StoreError> {
     tx.query_row(
@@ -255,7 +277,7 @@ fn load_steps(tx: &Connection, id: &str) -> Result<Vec<StepRecord>, StoreError> 
     let mut stmt = tx
         .prepare_cached(
             "SELECT name, occurrence, output, attempt, completed_at FROM steps
-             WHERE run_id = ?1 ORDER BY completed_at, name, occurrence",
+             WHERE run_id = ?1 ORDER BY rowid",
         )
         .map_err(internal)?;
     let rows = stmt
@@ -372,10 +394,180 @@ fn reap_expired(tx: &Connection, now: i64) -> Result<(), StoreError> {
             params![run.id, status.as_str(), to_json(&error)?, now, finished_at],
         )
         .map_err(internal)?;
+        resolve_waiters_of(tx, &run.id, now)?;
     }
     Ok(())
 }
 
+/// Creates a run (or finds the one with the same idempotency key) inside a transaction.
+fn insert_run(tx: &Connection, now: i64, req: EnqueueRequest) -> Result<Enqueued, StoreError> {
+    let id = uuid::Uuid::now_v7().to_string();
+    let function = tx
+        .query_row(
+            &format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE tenant = ?1 AND name = ?2"),
+            params![req.tenant, req.function],
+            function_from_row,
+        )
+        .optional()
+        .map_err(internal)?
+        .ok_or_else(|| StoreError::NotFound(format!("function {:?}", req.function)))?;
+    if let Some(key) = &req.idempotency_key {
+        let existing: Option<(String, i64)> = tx
+            .query_row(
+                "SELECT id, created_at FROM runs
+                 WHERE tenant = ?1 AND function = ?2 AND idempotency_key = ?3",
+                params![req.tenant, req.function, key],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()
+            .map_err(internal)?;
+        match existing {
+            Some((id, created)) if created > now - IDEMPOTENCY_WINDOW_MS => {
+                let run = load_run(tx, &id)?
+                    .ok_or_else(|| StoreError::Internal("keyed run vanished".into()))?;
+                return Ok(Enqueued {
+                    run,
+                    created: false,
+                });
+            }
+            // Past its window the key is free again; the old run keeps its history.
+            Some((id, _)) => {
+                tx.execute("UPDATE runs SET idempotency_key = NULL WHERE id = ?1", [id])
+                    .map_err(internal)?;
+            }
+            None => {}
+        }
+    }
+    let mut settings = function.settings;
+    if let Some(retry) = req.retry {
+        settings.retry = retry;
+    }
+    tx.execute(
+        "INSERT INTO runs (id, tenant, function, digest, settings, status, input, trigger,
+             created_at, updated_at, due_at, idempotency_key, parent)
+         VALUES (?1, ?2, ?3, ?4, ?5, 'queued', ?6, ?7, ?8, ?8, ?9, ?10, ?11)",
+        params![
+            id,
+            req.tenant,
+            req.function,
+            function.digest,
+            to_json(&settings)?,
+            req.input,
+            req.trigger,
+            now,
+            req.due_at.unwrap_or(now),
+            req.idempotency_key,
+            req.parent,
+        ],
+    )
+    .map_err(internal)?;
+    let run =
+        load_run(tx, &id)?.ok_or_else(|| StoreError::Internal("inserted run vanished".into()))?;
+    Ok(Enqueued { run, created: true })
+}
+
+/// Stores a step output. First write wins: a step's output never changes once stored.
+fn write_step(
+    tx: &Connection,
+    run_id: &str,
+    name: &str,
+    occurrence: u32,
+    output: &[u8],
+    attempt: u32,
+    now: i64,
+) -> Result<(), StoreError> {
+    tx.execute(
+        "INSERT INTO steps (run_id, name, occurrence, output, attempt, completed_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
+        params![run_id, name, occurrence, output, attempt, now],
+    )
+    .map_err(internal)?;
+    Ok(())
+}
+
+/// Ends a wait: the resolution becomes the waiting step's output, and the run is due now
+/// as a resume of its current attempt (the replay reads the step and goes on).
+fn resolve_wait(
+    tx: &Connection,
+    run: &Run,
+    wait: &Wait,
+    resolution: &Resolution,
+    now: i64,
+) -> Result<(), StoreError> {
+    write_step(
+        tx,
+        &run.id,
+        &wait.step,
+        wait.occurrence,
+        &resolution.to_bytes(),
+        run.attempt,
+        now,
+    )?;
+    tx.execute(
+        "UPDATE runs SET status = 'sleeping', due_at = ?2, updated_at = ?2,
+             wait = NULL, wait_event = NULL, wait_run = NULL
+         WHERE id = ?1",
+        params![run.id, now],
+    )
+    .map_err(internal)?;
+    Ok(())
+}
+
+/// What a run that ended means to a run waiting for it; `None` while it has not ended.
+fn run_resolution(target: &Run) -> Option<Resolution> {
+    match target.status {
+        RunStatus::Succeeded => Some(Resolution::Output {
+            output: bytes_as_json::to_value(target.output.as_deref().unwrap_or_default()),
+        }),
+        RunStatus::Failed => Some(Resolution::Error {
+            message: target
+                .error
+                .as_ref()
+                .map_or_else(|| "failed".to_owned(), |e| e.to_string()),
+        }),
+        RunStatus::Cancelled => Some(Resolution::Error {
+            message: format!("run {} was cancelled", target.id),
+        }),
+        _ => None,
+    }
+}
+
+fn waiting_runs(
+    tx: &Connection,
+    condition: &str,
+    param: &dyn rusqlite::ToSql,
+) -> Result<Vec<Run>, StoreError> {
+    let mut stmt = tx
+        .prepare_cached(&format!(
+            "SELECT {RUN_COLUMNS} FROM runs WHERE status = 'waiting' AND {condition}"
+        ))
+        .map_err(internal)?;
+    let rows = stmt.query_map([param], run_from_row).map_err(internal)?;
+    rows.collect::<Result<_, _>>().map_err(internal)
+}
+
+/// After run `id` ended: the runs waiting for it (`call`, `join`) resume with its result.
+fn resolve_waiters_of(tx: &Connection, id: &str, now: i64) -> Result<(), StoreError> {
+    let Some(resolution) = load_run(tx, id)?.as_ref().and_then(run_resolution) else {
+        return Ok(());
+    };
+    for waiter in waiting_runs(tx, "wait_run = ?1", &id)? {
+        if let Some(wait) = &waiter.wait {
+            resolve_wait(tx, &waiter, wait, &resolution, now)?;
+        }
+    }
+    Ok(())
+}
+
+/// Waits whose time is up resolve as timed out.
+fn resolve_timeouts(tx: &Connection, now: i64) -> Result<(), StoreError> {
+    for run in waiting_runs(tx, "due_at <= ?1", &now)? {
+        if let Some(wait) = &run.wait {
+            resolve_wait(tx, &run, wait, &Resolution::TimedOut, now)?;
+        }
+    }
+    Ok(())
+}
 #[async_trait]
 impl Store for SqliteStore {
     async fn deploy(&self, req: DeployRequest) -> Result<Function, StoreError> {
@@ -387,12 +579,20 @@ impl Store for SqliteStore {
             )
             .map_err(internal)?;
             tx.execute(
-                "INSERT INTO functions (tenant, name, digest, size_bytes, settings, created_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)
+                "INSERT INTO functions (tenant, name, digest, size_bytes, settings, created_at, updated_at, events)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7)
                  ON CONFLICT (tenant, name) DO UPDATE SET digest = excluded.digest,
                      size_bytes = excluded.size_bytes, settings = excluded.settings,
-                     updated_at = excluded.updated_at",
-                params![req.tenant, req.name, req.digest, req.component.len() as u64, to_json(&req.settings)?, now],
+                     updated_at = excluded.updated_at, events = excluded.events",
+                params![
+                    req.tenant,
+                    req.name,
+                    req.digest,
+                    req.component.len() as u64,
+                    to_json(&req.settings)?,
+                    now,
+                    to_json(&req.events)?
+                ],
             )
             .map_err(internal)?;
             tx.query_row(
@@ -452,78 +652,13 @@ impl Store for SqliteStore {
     }
 
     async fn enqueue(&self, req: EnqueueRequest) -> Result<Enqueued, StoreError> {
-        let id = uuid::Uuid::now_v7().to_string();
-        self.tx(move |tx, now| {
-            let function = tx
-                .query_row(
-                    &format!(
-                        "SELECT {FUNCTION_COLUMNS} FROM functions WHERE tenant = ?1 AND name = ?2"
-                    ),
-                    params![req.tenant, req.function],
-                    function_from_row,
-                )
-                .optional()
-                .map_err(internal)?
-                .ok_or_else(|| StoreError::NotFound(format!("function {:?}", req.function)))?;
-            if let Some(key) = &req.idempotency_key {
-                let existing: Option<(String, i64)> = tx
-                    .query_row(
-                        "SELECT id, created_at FROM runs
-                         WHERE tenant = ?1 AND function = ?2 AND idempotency_key = ?3",
-                        params![req.tenant, req.function, key],
-                        |r| Ok((r.get(0)?, r.get(1)?)),
-                    )
-                    .optional()
-                    .map_err(internal)?;
-                match existing {
-                    Some((id, created)) if created > now - IDEMPOTENCY_WINDOW_MS => {
-                        let run = load_run(tx, &id)?
-                            .ok_or_else(|| StoreError::Internal("keyed run vanished".into()))?;
-                        return Ok(Enqueued {
-                            run,
-                            created: false,
-                        });
-                    }
-                    // Past its window the key is free again; the old run keeps its history.
-                    Some((id, _)) => {
-                        tx.execute("UPDATE runs SET idempotency_key = NULL WHERE id = ?1", [id])
-                            .map_err(internal)?;
-                    }
-                    None => {}
-                }
-            }
-            let mut settings = function.settings;
-            if let Some(retry) = req.retry {
-                settings.retry = retry;
-            }
-            tx.execute(
-                "INSERT INTO runs (id, tenant, function, digest, settings, status, input, trigger,
-                     created_at, updated_at, due_at, idempotency_key)
-                 VALUES (?1, ?2, ?3, ?4, ?5, 'queued', ?6, ?7, ?8, ?8, ?9, ?10)",
-                params![
-                    id,
-                    req.tenant,
-                    req.function,
-                    function.digest,
-                    to_json(&settings)?,
-                    req.input,
-                    req.trigger,
-                    now,
-                    req.due_at.unwrap_or(now),
-                    req.idempotency_key,
-                ],
-            )
-            .map_err(internal)?;
-            let run = load_run(tx, &id)?
-                .ok_or_else(|| StoreError::Internal("inserted run vanished".into()))?;
-            Ok(Enqueued { run, created: true })
-        })
-        .await
+        self.tx(move |tx, now| insert_run(tx, now, req)).await
     }
 
     async fn claim(&self, req: ClaimRequest) -> Result<Vec<Claimed>, StoreError> {
         self.tx(move |tx, now| {
             reap_expired(tx, now)?;
+            resolve_timeouts(tx, now)?;
             let ids: Vec<String> = {
                 let mut stmt = tx
                     .prepare_cached(
@@ -597,13 +732,7 @@ impl Store for SqliteStore {
                     occurrence,
                     output,
                 } => {
-                    // First write wins: a step's output never changes once stored.
-                    tx.execute(
-                        "INSERT INTO steps (run_id, name, occurrence, output, attempt, completed_at)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
-                        params![run.id, name, occurrence, output, run.attempt, now],
-                    )
-                    .map_err(internal)?;
+                    write_step(tx, &run.id, &name, occurrence, &output, run.attempt, now)?;
                 }
                 Record::Logs(lines) => {
                     let first: i64 = tx
@@ -665,6 +794,7 @@ impl Store for SqliteStore {
                     params![run.id, now],
                 )
                 .map_err(internal)?;
+                resolve_waiters_of(tx, &run.id, now)?;
                 return load_run(tx, &run.id)?
                     .ok_or_else(|| StoreError::Internal("finished run vanished".into()));
             }
@@ -692,6 +822,31 @@ impl Store for SqliteStore {
                         params![run.id, status.as_str(), to_json(&error)?, due_at, finished_at, now],
                     )
                     .map_err(internal)?;
+                }
+                Outcome::Waiting(wait) => {
+                    let due = wait.until.unwrap_or(i64::MAX);
+                    close_execution(tx, &run.id, now, None, None, Some(due))?;
+                    let (event, target) = match &wait.on {
+                        WaitOn::Event { name, .. } => (Some(name.clone()), None),
+                        WaitOn::Run { id } => (None, Some(id.clone())),
+                    };
+                    tx.execute(
+                        "UPDATE runs SET status = 'waiting', due_at = ?2, wait = ?3, wait_event = ?4,
+                             wait_run = ?5, updated_at = ?6, lease_expires_at = NULL, worker = NULL
+                         WHERE id = ?1",
+                        params![run.id, due, to_json(&wait)?, event, target, now],
+                    )
+                    .map_err(internal)?;
+                    // A run that already ended resolves the wait at once.
+                    if let Some(target) = target {
+                        let resolution = match load_run(tx, &target)?.filter(|t| t.tenant == run.tenant) {
+                            Some(t) => run_resolution(&t),
+                            None => Some(Resolution::Error { message: format!("run {target} not found") }),
+                        };
+                        if let Some(resolution) = resolution {
+                            resolve_wait(tx, &run, &wait, &resolution, now)?;
+                        }
+                    }
                 }
                 Outcome::Suspended { until } => {
                     close_execution(tx, &run.id, now, None, None, Some(until))?;
@@ -723,6 +878,7 @@ impl Store for SqliteStore {
                     .map_err(internal)?;
                 }
             }
+            resolve_waiters_of(tx, &run.id, now)?;
             load_run(tx, &run.id)?.ok_or_else(|| StoreError::Internal("finished run vanished".into()))
         })
         .await
@@ -744,6 +900,7 @@ impl Store for SqliteStore {
                     params![id, now],
                 )
                 .map_err(internal)?;
+                resolve_waiters_of(tx, &id, now)?;
             }
             load_run(tx, &id)?.ok_or_else(|| StoreError::Internal("cancelled run vanished".into()))
         })
@@ -770,6 +927,62 @@ impl Store for SqliteStore {
             )
             .map_err(internal)?;
             load_run(tx, &id)?.ok_or_else(|| StoreError::Internal("retried run vanished".into()))
+        })
+        .await
+    }
+
+    async fn send_event(&self, req: EventRequest) -> Result<EventSent, StoreError> {
+        self.tx(move |tx, now| {
+            let id = req.id.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+            let seen: Option<i64> = tx
+                .query_row("SELECT created_at FROM events WHERE tenant = ?1 AND id = ?2", params![req.tenant, id], |r| r.get(0))
+                .optional()
+                .map_err(internal)?;
+            if seen.is_some_and(|t| t > now - IDEMPOTENCY_WINDOW_MS) {
+                return Ok(EventSent { id, accepted: false, ..EventSent::default() });
+            }
+            let data = req.data.to_string();
+            tx.execute(
+                "INSERT OR REPLACE INTO events (tenant, id, name, data, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![req.tenant, id, req.name, data, now],
+            )
+            .map_err(internal)?;
+            let mut sent = EventSent { id: id.clone(), accepted: true, ..EventSent::default() };
+            let subscribers: Vec<String> = {
+                let mut stmt = tx
+                    .prepare_cached(&format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE tenant = ?1 ORDER BY name"))
+                    .map_err(internal)?;
+                let rows = stmt.query_map([&req.tenant], function_from_row).map_err(internal)?;
+                let functions: Vec<Function> = rows.collect::<Result<_, _>>().map_err(internal)?;
+                functions.into_iter().filter(|f| f.events.contains(&req.name)).map(|f| f.name).collect()
+            };
+            for function in subscribers {
+                let started = insert_run(
+                    tx,
+                    now,
+                    EnqueueRequest {
+                        tenant: req.tenant.clone(),
+                        function,
+                        input: data.clone().into_bytes(),
+                        trigger: format!("event:{}", req.name),
+                        due_at: None,
+                        // One run per function per event, however often it is delivered.
+                        idempotency_key: Some(format!("event:{id}")),
+                        retry: None,
+                        parent: None,
+                    },
+                )?;
+                sent.started.push(started.run.id);
+            }
+            for waiter in waiting_runs(tx, "tenant = ?1 AND wait_event IS NOT NULL", &req.tenant)? {
+                let Some(wait) = &waiter.wait else { continue };
+                let WaitOn::Event { name, filter } = &wait.on else { continue };
+                if *name == req.name && event_matches(filter.as_deref(), &req.data) {
+                    resolve_wait(tx, &waiter, wait, &Resolution::Event { data: req.data.clone() }, now)?;
+                    sent.resumed.push(waiter.id.clone());
+                }
+            }
+            Ok(sent)
         })
         .await
     }

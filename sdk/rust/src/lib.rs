@@ -56,8 +56,8 @@
 //! - Not a way to reach the outside world: the host grants no files, environment variables or
 //!   sockets; a job can do what this crate offers, plus what `std` gets from WASI: clocks,
 //!   random numbers, stdout and stderr.
-//! - Not a wrapper of the world's not-yet-supported imports (events, child runs): the host
-//!   traps on them today, so they are not exposed. Durable sleep is: [`step::sleep`].
+//! - Not a workflow engine of its own: durable sleep ([`step::sleep`]), events
+//!   ([`events`]) and child runs ([`runs`]) are host features; the SDK only names them.
 //!
 //! # Panics
 //!
@@ -78,8 +78,10 @@
 
 pub mod context;
 mod error;
+pub mod events;
 pub mod log;
 pub mod progress;
+pub mod runs;
 pub mod step;
 
 pub use error::{Error, ErrorKind, ResultExt};
