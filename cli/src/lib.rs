@@ -19,6 +19,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use client::Client;
+use units::Ttl;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -85,6 +86,12 @@ struct DevArgs {
     /// interrupted and put back in the queue.
     #[arg(long, default_value = "10s", value_parser = units::parse_duration)]
     shutdown_grace: Duration,
+    /// How long succeeded runs are kept after they end ("forever" keeps them).
+    #[arg(long, default_value = "7days", value_parser = units::parse_ttl)]
+    result_ttl: Ttl,
+    /// How long failed and cancelled runs are kept ("forever" keeps them).
+    #[arg(long, default_value = "30days", value_parser = units::parse_ttl)]
+    failure_ttl: Ttl,
     /// Log format of the daemon's own logs (on stderr).
     #[arg(long, value_enum, default_value_t = LogFormat::Pretty)]
     log_format: LogFormat,
@@ -177,6 +184,9 @@ enum RunsCommand {
     List {
         #[arg(long)]
         function: Option<String>,
+        /// Only the child runs of this run.
+        #[arg(long)]
+        parent: Option<String>,
         /// queued, running, sleeping, waiting, succeeded, failed or cancelled.
         #[arg(long)]
         status: Option<String>,
@@ -194,6 +204,9 @@ enum RunsCommand {
     /// Cancel a run: at once if it is queued or sleeping, within a moment if running.
     Cancel {
         id: String,
+        /// Also cancel its child runs, and theirs.
+        #[arg(long)]
+        cascade: bool,
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
@@ -261,12 +274,14 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Run(args) => run(client()?, args).await,
         Command::Runs(RunsCommand::List {
             function,
+            parent,
             status,
             limit,
             output,
         }) => {
             let mut query = vec![("limit", limit.to_string())];
             query.extend(function.map(|f| ("function", f)));
+            query.extend(parent.map(|p| ("parent", p)));
             query.extend(status.map(|s| ("status", s)));
             let runs = client()?.get("/v1/runs", &query).await?;
             print_runs(&runs, output);
@@ -279,13 +294,16 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             print_run(&run, output);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Runs(RunsCommand::Cancel { id, output }) => {
-            let run = client()?
-                .post_json(
-                    &format!("/v1/runs/{}/cancel", client::path_segment(&id)),
-                    String::new(),
-                )
-                .await?;
+        Command::Runs(RunsCommand::Cancel {
+            id,
+            cascade,
+            output,
+        }) => {
+            let path = format!(
+                "/v1/runs/{}/cancel?cascade={cascade}",
+                client::path_segment(&id)
+            );
+            let run = client()?.post_json(&path, String::new()).await?;
             match output {
                 Output::Json => println!("{}", pretty(&run)),
                 Output::Table if run["status"] == "running" => {
@@ -375,6 +393,8 @@ async fn dev(args: DevArgs) -> Result<ExitCode> {
     let mut config = wasq_server::Config::dev(args.data.clone());
     config.listen = args.listen;
     config.shutdown_grace = args.shutdown_grace;
+    config.result_ttl = args.result_ttl.0;
+    config.failure_ttl = args.failure_ttl.0;
     if let Some(n) = args.concurrency {
         config.concurrency = n;
     }

@@ -6,6 +6,19 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 30s, 2m)"))
 }
 
+/// A retention period; `None` = forever.
+#[derive(Debug, Clone, Copy)]
+pub struct Ttl(pub Option<Duration>);
+
+pub fn parse_ttl(s: &str) -> Result<Ttl, String> {
+    if s == "forever" {
+        return Ok(Ttl(None));
+    }
+    parse_duration(s)
+        .map(|d| Ttl(Some(d)))
+        .map_err(|e| format!("{e}, or \"forever\""))
+}
+
 /// `64MiB`, `1GiB`, `512KiB`, `10MB`, or plain bytes.
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();

@@ -272,3 +272,80 @@ async fn a_hundred_concurrent_posts_with_one_idempotency_key_make_one_run() {
     assert_eq!(status, 400, "{body}");
     d.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_runs_are_purged_after_their_retention() {
+    let d = Daemon::start_with(|c| {
+        c.result_ttl = Some(Duration::from_millis(500));
+        c.failure_ttl = None;
+        c.purge_interval = Duration::from_millis(100);
+    })
+    .await;
+    d.api.deploy("echo", guest("echo"), "").await;
+    d.api.deploy("fail", guest("fail"), "max_attempts=1").await;
+    let ok = d.api.start_run("echo", "{}").await;
+    let bad = d
+        .api
+        .start_run("fail", r#"{"kind":"fatal","message":"x"}"#)
+        .await;
+    d.api.wait_run(&ok, WAIT).await;
+    d.api.wait_run(&bad, WAIT).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while d.api.get(&format!("/v1/runs/{ok}")).await.0 != 404 {
+        assert!(
+            Instant::now() < deadline,
+            "the succeeded run outlived its 500 ms retention"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        d.api.run(&bad).await["status"],
+        "failed",
+        "failures kept: failure_ttl is forever"
+    );
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_can_cascade_to_children() {
+    let d = Daemon::start().await;
+    d.api.deploy("family", guest("family"), "").await;
+    d.api
+        .deploy(
+            "spin",
+            guest("spin"),
+            "timeout_ms=60000&fuel=100000000000000",
+        )
+        .await;
+    let parent = d
+        .api
+        .start_run("family", r#"{"fan_out":2,"child":"spin"}"#)
+        .await;
+    d.api
+        .wait_until(&parent, WAIT, |r| r["status"] == "waiting")
+        .await;
+    let children = || async {
+        let (_, kids) = d.api.get(&format!("/v1/runs?parent={parent}")).await;
+        kids.as_array().unwrap().clone()
+    };
+    let deadline = Instant::now() + WAIT;
+    while !children().await.iter().all(|c| c["status"] == "running") || children().await.len() < 2 {
+        assert!(Instant::now() < deadline, "children never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, body) = d
+        .api
+        .post(&format!("/v1/runs/{parent}/cancel?cascade=true"), "")
+        .await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (200, Some("cancelled")),
+        "{body}"
+    );
+    for child in children().await {
+        let id = child["id"].as_str().unwrap();
+        let run = d.api.wait_run(id, Duration::from_secs(2)).await;
+        assert_eq!(run["status"], "cancelled", "{run:#}");
+    }
+    d.stop().await;
+}

@@ -42,6 +42,8 @@ pub trait Store: Send + Sync + 'static {
     async fn run(&self, tenant: &str, id: &str) -> Result<Option<RunDetail>, StoreError>;
     /// Newest first.
     async fn runs(&self, query: RunQuery) -> Result<Vec<Run>, StoreError>;
+    /// Deletes ended runs past their retention; returns how many.
+    async fn purge(&self, req: PurgeRequest) -> Result<usize, StoreError>;
     /// Log lines in the order written, starting after the first `skip`.
     async fn logs(&self, tenant: &str, id: &str, skip: usize) -> Result<Vec<LogLine>, StoreError>;
 }
@@ -177,6 +179,19 @@ pub struct RunQuery {
     pub tenant: String,
     pub function: Option<String>,
     pub status: Option<RunStatus>,
+    /// Only children of this run.
+    pub parent: Option<RunId>,
+    pub limit: usize,
+}
+
+/// Which ended runs [`Store::purge`] deletes, with everything recorded about them.
+#[derive(Debug, Clone)]
+pub struct PurgeRequest {
+    /// Succeeded runs that finished before this time.
+    pub succeeded_before: Millis,
+    /// Failed and cancelled runs that finished before this time.
+    pub failed_before: Millis,
+    /// At most this many runs per call, so one purge never holds the store for long.
     pub limit: usize,
 }
 

@@ -143,15 +143,7 @@ impl DeployParams {
                 s.limits.memory_bytes
             ));
         }
-        if !(1..=100).contains(&s.retry.max_attempts) {
-            return bad(format!(
-                "max_attempts must be between 1 and 100, got {}",
-                s.retry.max_attempts
-            ));
-        }
-        if s.retry.initial_backoff_ms > s.retry.max_backoff_ms {
-            return bad("initial_backoff_ms must not exceed max_backoff_ms".into());
-        }
+        check_retry(&s.retry)?;
         Ok(s)
     }
 }
@@ -228,6 +220,55 @@ async fn list_functions(State(app): State<Arc<App>>) -> Result<Json<Vec<Function
 #[serde(deny_unknown_fields)]
 struct RunParams {
     max_attempts: Option<u32>,
+    initial_backoff_ms: Option<u64>,
+    max_backoff_ms: Option<u64>,
+    backoff: Option<Backoff>,
+    jitter: Option<bool>,
+    retry_traps: Option<bool>,
+}
+
+impl RunParams {
+    fn overrides_retry(&self) -> bool {
+        self.max_attempts.is_some()
+            || self.initial_backoff_ms.is_some()
+            || self.max_backoff_ms.is_some()
+            || self.backoff.is_some()
+            || self.jitter.is_some()
+            || self.retry_traps.is_some()
+    }
+
+    /// The function's policy with this run's overrides, checked like a deploy's.
+    fn retry(&self, base: RetryPolicy) -> Result<RetryPolicy, ApiError> {
+        let p = RetryPolicy {
+            max_attempts: self.max_attempts.unwrap_or(base.max_attempts),
+            initial_backoff_ms: self.initial_backoff_ms.unwrap_or(base.initial_backoff_ms),
+            max_backoff_ms: self.max_backoff_ms.unwrap_or(base.max_backoff_ms),
+            backoff: self.backoff.unwrap_or(base.backoff),
+            jitter: self.jitter.unwrap_or(base.jitter),
+            retry_traps: self.retry_traps.unwrap_or(base.retry_traps),
+        };
+        check_retry(&p)?;
+        Ok(p)
+    }
+}
+
+fn check_retry(p: &RetryPolicy) -> Result<(), ApiError> {
+    if !(1..=100).contains(&p.max_attempts) {
+        return Err(ApiError::bad_request(
+            "bad_settings",
+            format!(
+                "max_attempts must be between 1 and 100, got {}",
+                p.max_attempts
+            ),
+        ));
+    }
+    if p.initial_backoff_ms > p.max_backoff_ms {
+        return Err(ApiError::bad_request(
+            "bad_settings",
+            "initial_backoff_ms must not exceed max_backoff_ms",
+        ));
+    }
+    Ok(())
 }
 
 async fn create_run(
@@ -266,25 +307,15 @@ async fn create_run(
             Some(key.to_owned())
         }
     };
-    let retry = match params.max_attempts {
-        None => None,
-        Some(n) if (1..=100).contains(&n) => {
-            let f = app
-                .store
-                .function(DEFAULT_TENANT, &name)
-                .await?
-                .ok_or_else(|| ApiError::not_found(format!("function {name:?} not found")))?;
-            Some(RetryPolicy {
-                max_attempts: n,
-                ..f.settings.retry
-            })
-        }
-        Some(n) => {
-            return Err(ApiError::bad_request(
-                "bad_query",
-                format!("max_attempts must be between 1 and 100, got {n}"),
-            ));
-        }
+    let retry = if params.overrides_retry() {
+        let f = app
+            .store
+            .function(DEFAULT_TENANT, &name)
+            .await?
+            .ok_or_else(|| ApiError::not_found(format!("function {name:?} not found")))?;
+        Some(params.retry(f.settings.retry)?)
+    } else {
+        None
     };
     let Enqueued { run, created } = app
         .store
@@ -355,16 +386,55 @@ async fn send_event(State(app): State<Arc<App>>, body: Bytes) -> Result<Response
     Ok((StatusCode::ACCEPTED, Json(sent)).into_response())
 }
 
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CancelParams {
+    /// Also cancel the run's children, and theirs.
+    #[serde(default)]
+    cascade: bool,
+}
+
 async fn cancel_run(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
+    params: Result<Query<CancelParams>, QueryRejection>,
 ) -> Result<Json<Run>, ApiError> {
-    let run = app.store.cancel(DEFAULT_TENANT, &id).await?;
+    let cascade = query(params)?.cascade;
+    let run = cancel_one(&app, &id).await?;
+    if cascade {
+        // Depth first over the run's descendants; those already ended are left alone.
+        let mut parents = vec![run.id.clone()];
+        while let Some(parent) = parents.pop() {
+            let q = RunQuery {
+                tenant: DEFAULT_TENANT.into(),
+                parent: Some(parent),
+                limit: 1000,
+                ..RunQuery::default()
+            };
+            for child in app.store.runs(q).await? {
+                if !child.status.is_terminal() {
+                    match cancel_one(&app, &child.id).await {
+                        Ok(_)
+                        | Err(ApiError {
+                            code: "conflict", ..
+                        }) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                parents.push(child.id);
+            }
+        }
+    }
+    Ok(Json(run))
+}
+
+async fn cancel_one(app: &App, id: &str) -> Result<Run, ApiError> {
+    let run = app.store.cancel(DEFAULT_TENANT, id).await?;
     if run.status == RunStatus::Running {
         // Ours: interrupt it now. Another process's: it learns at its next lease renewal.
         app.in_flight.cancel(&run.id);
     }
-    Ok(Json(run))
+    Ok(run)
 }
 
 async fn retry_run(
@@ -380,6 +450,8 @@ async fn retry_run(
 #[serde(deny_unknown_fields)]
 struct ListParams {
     function: Option<String>,
+    /// Only the children of this run.
+    parent: Option<String>,
     status: Option<String>,
     limit: Option<usize>,
 }
@@ -405,6 +477,7 @@ async fn list_runs(
         tenant: DEFAULT_TENANT.into(),
         function: p.function,
         status,
+        parent: p.parent,
         limit,
     };
     Ok(Json(app.store.runs(q).await?))

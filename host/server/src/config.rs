@@ -21,6 +21,12 @@ pub struct Config {
     /// How often an idle worker looks for due runs when nothing woke it.
     pub poll_interval: Duration,
     pub sandbox: SandboxConfig,
+    /// How long succeeded runs are kept after they end; `None` keeps them forever.
+    pub result_ttl: Option<Duration>,
+    /// How long failed and cancelled runs (the dead-letter set) are kept.
+    pub failure_ttl: Option<Duration>,
+    /// How often ended runs past their retention are deleted.
+    pub purge_interval: Duration,
 }
 
 impl Config {
@@ -39,6 +45,9 @@ impl Config {
             lease: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),
             poll_interval: Duration::from_millis(200),
+            result_ttl: Some(Duration::from_secs(7 * 24 * 3600)),
+            failure_ttl: Some(Duration::from_secs(30 * 24 * 3600)),
+            purge_interval: Duration::from_secs(60),
         }
     }
 }

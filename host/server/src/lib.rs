@@ -107,6 +107,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     let task = tokio::spawn(async move {
         let worker = (app.config.concurrency > 0)
             .then(|| tokio::spawn(worker::run(app.clone(), shutdown.clone())));
+        let janitor = tokio::spawn(purge_expired(app.clone(), shutdown.clone()));
         let router = api::router(app.clone());
         let api_shutdown = shutdown.clone();
         let serve = axum::serve(listener, router)
@@ -116,10 +117,49 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         if let Some(w) = worker {
             let _ = w.await;
         }
+        let _ = janitor.await;
         tracing::info!("stopped");
         served
     });
     Ok(Running { addr, task })
+}
+
+/// Deletes ended runs past their retention (`result_ttl`, `failure_ttl`), in batches.
+async fn purge_expired(app: Arc<App>, shutdown: CancellationToken) {
+    const BATCH: usize = 1000;
+    if app.config.result_ttl.is_none() && app.config.failure_ttl.is_none() {
+        return;
+    }
+    let before = |ttl: Option<std::time::Duration>, now: i64| {
+        ttl.map_or(i64::MIN, |t| now - t.as_millis() as i64)
+    };
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(app.config.purge_interval) => {}
+            _ = shutdown.cancelled() => return,
+        }
+        loop {
+            let now = wasq_core::Clock::now_ms(&SystemClock);
+            let req = wasq_core::PurgeRequest {
+                succeeded_before: before(app.config.result_ttl, now),
+                failed_before: before(app.config.failure_ttl, now),
+                limit: BATCH,
+            };
+            match app.store.purge(req).await {
+                Ok(n) if n == BATCH => continue,
+                Ok(n) => {
+                    if n > 0 {
+                        tracing::info!(runs = n, "purged ended runs past their retention");
+                    }
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "purging ended runs failed");
+                    break;
+                }
+            }
+        }
+    }
 }
 
 fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, ServerError> {

@@ -68,6 +68,8 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE INDEX IF NOT EXISTS runs_waiting_event ON runs (tenant, wait_event) WHERE status = 'waiting';
 CREATE INDEX IF NOT EXISTS runs_waiting_run ON runs (wait_run) WHERE status = 'waiting';
 CREATE INDEX IF NOT EXISTS runs_wait_due ON runs (due_at) WHERE status = 'waiting';
+CREATE INDEX IF NOT EXISTS runs_finished ON runs (finished_at) WHERE finished_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS runs_by_parent ON runs (parent) WHERE parent IS NOT NULL;
 CREATE TABLE IF NOT EXISTS events (
     tenant     TEXT NOT NULL,
     id         TEXT NOT NULL,
@@ -1031,16 +1033,49 @@ impl Store for SqliteStore {
                 .prepare_cached(&format!(
                     "SELECT {RUN_COLUMNS} FROM runs
                      WHERE tenant = ?1 AND (?2 IS NULL OR function = ?2) AND (?3 IS NULL OR status = ?3)
+                         AND (?5 IS NULL OR parent = ?5)
                      ORDER BY created_at DESC, id DESC LIMIT ?4"
                 ))
                 .map_err(internal)?;
             let rows = stmt
                 .query_map(
-                    params![q.tenant, q.function, q.status.map(|s| s.as_str()), q.limit as i64],
+                    params![q.tenant, q.function, q.status.map(|s| s.as_str()), q.limit as i64, q.parent],
                     run_from_row,
                 )
                 .map_err(internal)?;
             rows.collect::<Result<_, _>>().map_err(internal)
+        })
+        .await
+    }
+
+    async fn purge(&self, req: PurgeRequest) -> Result<usize, StoreError> {
+        self.tx(move |tx, _| {
+            let ids: Vec<String> = {
+                let mut stmt = tx
+                    .prepare_cached(
+                        "SELECT id FROM runs
+                         WHERE (status = 'succeeded' AND finished_at < ?1)
+                            OR (status IN ('failed', 'cancelled') AND finished_at < ?2)
+                         LIMIT ?3",
+                    )
+                    .map_err(internal)?;
+                let rows = stmt
+                    .query_map(
+                        params![req.succeeded_before, req.failed_before, req.limit as i64],
+                        |r| r.get(0),
+                    )
+                    .map_err(internal)?;
+                rows.collect::<Result<_, _>>().map_err(internal)?
+            };
+            for id in &ids {
+                for table in ["steps", "logs", "attempts"] {
+                    tx.execute(&format!("DELETE FROM {table} WHERE run_id = ?1"), [id])
+                        .map_err(internal)?;
+                }
+                tx.execute("DELETE FROM runs WHERE id = ?1", [id])
+                    .map_err(internal)?;
+            }
+            Ok(ids.len())
         })
         .await
     }
