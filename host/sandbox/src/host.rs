@@ -230,10 +230,7 @@ impl State {
             Some(r) => r.wake_at,
             None => {
                 let record = serde_json::to_vec(&SleepRecord { wake_at }).expect("serialises");
-                self.journal
-                    .complete_step(&name, occurrence, &record)
-                    .await
-                    .map_err(|msg| wasmtime::Error::new(Stop::Journal(msg)))?;
+                store_step(&self.journal, &name, occurrence, &record).await?;
                 wake_at
             }
         };
@@ -280,10 +277,7 @@ impl step::Host for State {
         }
         // The guest must not continue past a step whose output is not durable: a crash
         // right after would replay the step's side effects.
-        self.journal
-            .complete_step(&name, occurrence, &output)
-            .await
-            .map_err(|msg| wasmtime::Error::new(Stop::Journal(msg)))
+        store_step(&self.journal, &name, occurrence, &output).await
     }
 
     async fn sleep(&mut self, name: String, millis: u64) -> wasmtime::Result<()> {
@@ -354,10 +348,7 @@ impl step::Host for State {
             run_id: run_id.clone(),
         })
         .expect("serialises");
-        self.journal
-            .complete_step(&name, occurrence, &record)
-            .await
-            .map_err(|msg| wasmtime::Error::new(Stop::Journal(msg)))?;
+        store_step(&self.journal, &name, occurrence, &record).await?;
         Ok(run_id)
     }
 
@@ -378,12 +369,7 @@ impl step::Host for State {
             .start_run(&function, &input, &key)
             .await
             .map_err(guest_error)?;
-        Err(wasmtime::Error::new(Stop::Wait(Wait {
-            step: name,
-            occurrence,
-            on: WaitOn::Run { id: run_id },
-            until: None,
-        })))
+        Err(wait_on_run(name, occurrence, run_id))
     }
 
     async fn join(
@@ -395,12 +381,7 @@ impl step::Host for State {
         if let Some(resolution) = self.replayed::<Resolution>(&name, occurrence, "a join")? {
             return run_result(&name, resolution);
         }
-        Err(wasmtime::Error::new(Stop::Wait(Wait {
-            step: name,
-            occurrence,
-            on: WaitOn::Run { id: run_id },
-            until: None,
-        })))
+        Err(wait_on_run(name, occurrence, run_id))
     }
 
     async fn send_event(
@@ -426,10 +407,7 @@ impl step::Host for State {
             .map_err(|msg| wasmtime::Error::new(Stop::Journal(msg)))?;
         let record =
             serde_json::to_vec(&serde_json::json!({ "event_id": id })).expect("serialises");
-        self.journal
-            .complete_step(&name, occurrence, &record)
-            .await
-            .map_err(|msg| wasmtime::Error::new(Stop::Journal(msg)))
+        store_step(&self.journal, &name, occurrence, &record).await
     }
 }
 
@@ -437,6 +415,29 @@ impl step::Host for State {
 #[derive(serde::Serialize, serde::Deserialize)]
 struct ChildRecord {
     run_id: String,
+}
+
+/// Stores a step output before the guest may go on; a failure ends the attempt.
+async fn store_step(
+    journal: &Arc<dyn Journal>,
+    name: &str,
+    occurrence: u32,
+    output: &[u8],
+) -> wasmtime::Result<()> {
+    journal
+        .complete_step(name, occurrence, output)
+        .await
+        .map_err(|msg| wasmtime::Error::new(Stop::Journal(msg)))
+}
+
+/// Suspends the run until run `id` ends; its result becomes step (`name`, `occurrence`).
+fn wait_on_run(name: String, occurrence: u32, id: String) -> wasmtime::Error {
+    wasmtime::Error::new(Stop::Wait(Wait {
+        step: name,
+        occurrence,
+        on: WaitOn::Run { id },
+        until: None,
+    }))
 }
 
 /// A finished `call` / `join`: the run's output, or why it did not succeed.
