@@ -126,3 +126,46 @@ async fn runs_can_be_listed_and_inspected() {
     assert_eq!((s, health["status"].as_str()), (200, Some("ok")));
     d.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_creation_can_wait_for_the_output() {
+    let d = Daemon::start().await;
+    d.api.deploy("echo", guest("echo"), "").await;
+    d.api.deploy("sleeper", guest("sleeper"), "").await;
+
+    let (status, run) = d
+        .api
+        .post("/v1/functions/echo/runs?wait=10s", r#"{"hi":1}"#)
+        .await;
+    assert_eq!(status, 200, "{run}");
+    assert_eq!(
+        (run["status"].as_str(), &run["output"]),
+        (Some("succeeded"), &serde_json::json!({"hi": 1}))
+    );
+
+    let started = std::time::Instant::now();
+    let (status, run) = d
+        .api
+        .post(
+            "/v1/functions/sleeper/runs?wait=300ms",
+            r#"{"sleep_ms":5000}"#,
+        )
+        .await;
+    assert_eq!(status, 202, "not done within the wait: {run}");
+    assert!(
+        !matches!(
+            run["status"].as_str(),
+            Some("succeeded" | "failed" | "cancelled")
+        ),
+        "{run}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(3),
+        "answered at the end of the wait"
+    );
+
+    let (status, body) = d.api.post("/v1/functions/echo/runs?wait=10m", "{}").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(message(&body).contains("up to 5m"), "{body}");
+    d.stop().await;
+}

@@ -18,7 +18,8 @@ pub trait Store: Send + Sync + 'static {
     /// Creates a queued run of an existing function (pinning its digest and settings), or
     /// returns the run created earlier with the same idempotency key.
     async fn enqueue(&self, req: EnqueueRequest) -> Result<Enqueued, StoreError>;
-    /// Leases up to `limit` due runs (queued, or sleeping and due), oldest due first; also
+    /// Leases up to `limit` due runs (queued; sleeping and due; waiting past its timeout,
+    /// which then resolves as timed out), oldest due first; also
     /// takes back runs whose lease expired (their worker died) and hands them out again.
     async fn claim(&self, req: ClaimRequest) -> Result<Vec<Claimed>, StoreError>;
     /// Extends leases; returns the runs whose lease is no longer held or whose cancellation

@@ -219,6 +219,9 @@ async fn list_functions(State(app): State<Arc<App>>) -> Result<Json<Vec<Function
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RunParams {
+    /// Answer when the run ends, if it ends within this long (e.g. `30s`, at most 5m):
+    /// 200 with the ended run; else 202 with the run as it is.
+    wait: Option<String>,
     max_attempts: Option<u32>,
     initial_backoff_ms: Option<u64>,
     max_backoff_ms: Option<u64>,
@@ -280,6 +283,23 @@ async fn create_run(
 ) -> Result<Response, ApiError> {
     check_name(&name)?;
     let params = query(params)?;
+    let wait = params
+        .wait
+        .as_deref()
+        .map(|w| {
+            humantime::parse_duration(w)
+                .ok()
+                .filter(|d| *d <= MAX_WAIT)
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "bad_query",
+                        format!("wait must be a duration up to 5m, like 30s, got {w:?}"),
+                    )
+                })
+        })
+        .transpose()?;
+    // Subscribed before the run exists, so its end cannot be missed.
+    let finished = app.finished.subscribe();
     let input = if body.iter().all(u8::is_ascii_whitespace) {
         b"{}".to_vec()
     } else {
@@ -334,6 +354,15 @@ async fn create_run(
         app.wake.notify_one();
     }
     let location = format!("/v1/runs/{}", run.id);
+    if let Some(wait) = wait {
+        let (ended, run) = wait_for_end(&app, run, wait, finished).await?;
+        let status = if ended {
+            StatusCode::OK
+        } else {
+            StatusCode::ACCEPTED
+        };
+        return Ok((status, [(header::LOCATION, location)], Json(run)).into_response());
+    }
     // 200 with the existing run for a repeated Idempotency-Key, as Stripe answers.
     let status = if created {
         StatusCode::CREATED
@@ -341,6 +370,39 @@ async fn create_run(
         StatusCode::OK
     };
     Ok((status, [(header::LOCATION, location)], Json(run)).into_response())
+}
+
+const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Waits until `run` ends or `wait` passes; (ended, latest state). Ends in this process
+/// are announced on `finished`; the store is re-read every 250 ms for ends elsewhere.
+async fn wait_for_end(
+    app: &App,
+    mut run: Run,
+    wait: std::time::Duration,
+    mut finished: tokio::sync::broadcast::Receiver<RunId>,
+) -> Result<(bool, Run), ApiError> {
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        if run.status.is_terminal() {
+            return Ok((true, run));
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => return Ok((false, run)),
+            _ = tokio::time::sleep(std::time::Duration::from_millis(250)) => {}
+            id = finished.recv() => {
+                if matches!(&id, Ok(id) if *id != run.id) {
+                    continue;
+                }
+            }
+        }
+        run = app
+            .store
+            .run(&run.tenant, &run.id)
+            .await?
+            .map(|d| d.run)
+            .ok_or_else(|| ApiError::not_found(format!("run {:?} not found", run.id)))?;
+    }
 }
 
 #[derive(Debug, Deserialize)]

@@ -41,6 +41,8 @@ pub(crate) struct App {
     pub wake: Notify,
     /// Attempts this process is running.
     pub in_flight: worker::InFlight,
+    /// Runs that ended in this process, for requests waiting on them.
+    pub finished: tokio::sync::broadcast::Sender<wasq_core::RunId>,
     pub worker_id: String,
     /// Held for the daemon's life: one daemon per data folder.
     _lock: std::fs::File,
@@ -101,6 +103,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         sandbox,
         wake: Notify::new(),
         in_flight: worker::InFlight::default(),
+        finished: tokio::sync::broadcast::channel(1024).0,
         _lock: lock,
     });
 

@@ -397,6 +397,9 @@ async fn attempt(
             tracing::debug!(status = %run.status, "attempt recorded");
             // Its end may have resumed a run waiting for it, or it may be due again now.
             app.wake.notify_one();
+            if run.status.is_terminal() {
+                let _ = app.finished.send(run.id);
+            }
         }
         Err(StoreError::LeaseLost(_)) => {
             tracing::warn!("lease lost before the attempt ended; its result is discarded")
