@@ -516,22 +516,64 @@ async fn run(client: Client, args: RunArgs) -> Result<ExitCode> {
 
 /// Polls the run until it ends, showing progress on stderr when it changes.
 async fn wait_for(client: &Client, id: &str) -> Result<Value> {
+    use std::io::IsTerminal;
     let path = format!("/v1/runs/{}", client::path_segment(id));
-    let mut last_progress = Value::Null;
+    // A live bar on a terminal; elsewhere (pipes, CI logs) one line per change.
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = indicatif::ProgressBar::new(100);
+        let style =
+            indicatif::ProgressStyle::with_template("{spinner} [{bar:30}] {pos:>3}% {wide_msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                .progress_chars("=> ");
+        bar.set_style(style);
+        bar.enable_steady_tick(Duration::from_millis(100));
+        bar
+    });
+    let mut last = String::new();
     let mut delay = Duration::from_millis(20);
     loop {
         let run = client.get(&path, &[]).await?;
         if matches!(str_of(&run["status"]), "succeeded" | "failed" | "cancelled") {
+            if let Some(bar) = &bar {
+                bar.finish_and_clear();
+            }
             return Ok(run);
         }
-        if run["progress"] != last_progress && !run["progress"].is_null() {
-            last_progress = run["progress"].clone();
-            let msg = last_progress["message"].as_str().unwrap_or("");
-            eprintln!("[{:>3}%] {msg}", last_progress["percent"]);
+        let percent = run["progress"]["percent"].as_u64().unwrap_or(0);
+        let line = status_line(&run);
+        if let Some(bar) = &bar {
+            bar.set_position(percent);
+            bar.set_message(line);
+        } else if line != last {
+            eprintln!("[{percent:>3}%] {line}");
+            last = line;
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(250));
     }
+}
+
+/// What a run is doing, in a few words: "running (attempt 2): charging card".
+fn status_line(run: &Value) -> String {
+    let status = str_of(&run["status"]);
+    let mut line = match status {
+        "running" | "queued" if run["attempt"].as_u64().unwrap_or(0) > 1 => {
+            format!("{status} (attempt {})", run["attempt"])
+        }
+        "waiting" => match run["wait"]["on"]["event"]["name"].as_str() {
+            Some(event) => format!("waiting for event {event}"),
+            None => "waiting for a child run".to_owned(),
+        },
+        "sleeping" => format!(
+            "sleeping until {}",
+            units::format_time(run["due_at"].as_i64().unwrap_or(0))
+        ),
+        s => s.to_owned(),
+    };
+    if let Some(msg) = run["progress"]["message"].as_str() {
+        line = format!("{line}: {msg}");
+    }
+    line
 }
 
 async fn logs(client: Client, id: &str, follow: bool, output: Output) -> Result<ExitCode> {
