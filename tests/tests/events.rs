@@ -232,3 +232,27 @@ async fn fan_out_ten_children_and_fan_in_their_results() {
     );
     d.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_cannot_start_children_without_bound() {
+    let d = Daemon::start_with(|c| c.sandbox.max_durable_ops = 10).await;
+    d.api
+        .deploy("family", guest("family"), "max_attempts=1")
+        .await;
+    d.api.deploy("square", guest("family"), "").await;
+    let id = d
+        .api
+        .start_run("family", r#"{"fan_out":50,"child":"square"}"#)
+        .await;
+    let run = d.api.wait_run(&id, WAIT).await;
+    assert_eq!(run["status"], "failed", "{run:#}");
+    let msg = run["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("more than 10 durable steps"), "{msg}");
+    let (_, children) = d.api.get(&format!("/v1/runs?parent={id}&limit=1000")).await;
+    assert_eq!(
+        children.as_array().unwrap().len(),
+        10,
+        "the cap stopped the fan-out"
+    );
+    d.stop().await;
+}

@@ -52,6 +52,8 @@ pub(crate) struct State {
     max_output_bytes: usize,
     /// Sleeps this short wait in the attempt; longer ones suspend the run.
     inline_sleep_max_ms: u64,
+    durable_ops: u32,
+    max_durable_ops: u32,
     pub(crate) deadline: Instant,
     pub(crate) cancel: CancellationToken,
     /// Why the epoch callback stopped the guest, if it did.
@@ -66,6 +68,7 @@ pub(crate) struct StateParams {
     pub log_bytes: usize,
     pub max_output_bytes: usize,
     pub inline_sleep_max_ms: u64,
+    pub max_durable_ops: u32,
     pub deadline: Instant,
     pub cancel: CancellationToken,
 }
@@ -105,6 +108,8 @@ impl State {
             pending: HashMap::new(),
             max_output_bytes: p.max_output_bytes,
             inline_sleep_max_ms: p.inline_sleep_max_ms,
+            durable_ops: 0,
+            max_durable_ops: p.max_durable_ops,
             deadline: p.deadline,
             cancel: p.cancel,
             stop: None,
@@ -182,6 +187,9 @@ impl progress::Host for State {
     }
 }
 
+/// Step names are stored with every step and shown in UIs.
+const MAX_STEP_NAME_BYTES: usize = 256;
+
 /// What a sleep stores as its step output: the wake-up time, fixed by the first attempt
 /// that reached the sleep, so replays neither restart nor shorten it.
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -191,11 +199,27 @@ struct SleepRecord {
 
 impl State {
     /// The occurrence index of the next step named `name` in this attempt.
-    fn next_occurrence(&mut self, name: &str) -> u32 {
+    /// Every durable operation (step, sleep, wait, child run, event) goes through here,
+    /// which bounds what one attempt can make the store hold: at most
+    /// `max_durable_ops` of them, with names of at most [`MAX_STEP_NAME_BYTES`].
+    fn next_occurrence(&mut self, name: &str) -> wasmtime::Result<u32> {
+        if name.len() > MAX_STEP_NAME_BYTES {
+            return Err(guest_error(format!(
+                "step name of {} bytes is over the limit of {MAX_STEP_NAME_BYTES}",
+                name.len()
+            )));
+        }
+        self.durable_ops += 1;
+        if self.durable_ops > self.max_durable_ops {
+            return Err(guest_error(format!(
+                "more than {} durable steps (steps, sleeps, waits, child runs, events) in one run",
+                self.max_durable_ops
+            )));
+        }
         let counter = self.occurrences.entry(name.to_owned()).or_insert(0);
         let occurrence = *counter;
         *counter += 1;
-        occurrence
+        Ok(occurrence)
     }
 
     /// A stored step output parsed as `T`; a different shape means the code outside
@@ -225,7 +249,7 @@ impl State {
     /// it back. Short remaining waits are slept here; longer ones end the attempt as
     /// suspended, freeing the worker slot until the run is due again.
     async fn durable_sleep(&mut self, name: String, wake_at: i64) -> wasmtime::Result<()> {
-        let occurrence = self.next_occurrence(&name);
+        let occurrence = self.next_occurrence(&name)?;
         let wake_at = match self.replayed::<SleepRecord>(&name, occurrence, "a sleep")? {
             Some(r) => r.wake_at,
             None => {
@@ -252,7 +276,7 @@ impl State {
 
 impl step::Host for State {
     async fn begin(&mut self, name: String) -> wasmtime::Result<Option<Vec<u8>>> {
-        let occurrence = self.next_occurrence(&name);
+        let occurrence = self.next_occurrence(&name)?;
         match self.replay.remove(&(name.clone(), occurrence)) {
             Some(output) => Ok(Some(output)),
             None => {
@@ -298,7 +322,7 @@ impl step::Host for State {
         if_: Option<String>,
         timeout_millis: u64,
     ) -> wasmtime::Result<Option<Vec<u8>>> {
-        let occurrence = self.next_occurrence(&name);
+        let occurrence = self.next_occurrence(&name)?;
         match self.replayed::<Resolution>(&name, occurrence, "a wait for an event")? {
             Some(Resolution::Event { data }) => return Ok(Some(data.to_string().into_bytes())),
             Some(Resolution::TimedOut) => return Ok(None),
@@ -334,7 +358,7 @@ impl step::Host for State {
         function: String,
         input: Vec<u8>,
     ) -> wasmtime::Result<String> {
-        let occurrence = self.next_occurrence(&name);
+        let occurrence = self.next_occurrence(&name)?;
         if let Some(r) = self.replayed::<ChildRecord>(&name, occurrence, "an invoke")? {
             return Ok(r.run_id);
         }
@@ -358,7 +382,7 @@ impl step::Host for State {
         function: String,
         input: Vec<u8>,
     ) -> wasmtime::Result<Result<Vec<u8>, String>> {
-        let occurrence = self.next_occurrence(&name);
+        let occurrence = self.next_occurrence(&name)?;
         if let Some(resolution) = self.replayed::<Resolution>(&name, occurrence, "a call")? {
             return run_result(&name, resolution);
         }
@@ -377,7 +401,7 @@ impl step::Host for State {
         name: String,
         run_id: String,
     ) -> wasmtime::Result<Result<Vec<u8>, String>> {
-        let occurrence = self.next_occurrence(&name);
+        let occurrence = self.next_occurrence(&name)?;
         if let Some(resolution) = self.replayed::<Resolution>(&name, occurrence, "a join")? {
             return run_result(&name, resolution);
         }
@@ -390,7 +414,7 @@ impl step::Host for State {
         event: String,
         data: Vec<u8>,
     ) -> wasmtime::Result<()> {
-        let occurrence = self.next_occurrence(&name);
+        let occurrence = self.next_occurrence(&name)?;
         if self
             .replayed::<serde_json::Value>(&name, occurrence, "a sent event")?
             .is_some()

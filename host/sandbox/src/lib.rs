@@ -71,6 +71,10 @@ pub struct SandboxConfig {
     /// A durable sleep with at most this much left is slept inside the attempt; a longer
     /// one suspends the run and frees the worker slot.
     pub inline_sleep_max: Duration,
+    /// Durable operations (steps, sleeps, waits, child runs, events) one run may make,
+    /// replays included: bounds what a guest can make the store hold, and how many child
+    /// runs it can start.
+    pub max_durable_ops: u32,
 }
 
 impl Default for SandboxConfig {
@@ -84,6 +88,7 @@ impl Default for SandboxConfig {
             log_bytes_per_attempt: 1 << 20,
             max_output_bytes: 4 << 20,
             inline_sleep_max: Duration::from_secs(1),
+            max_durable_ops: 10_000,
         }
     }
 }
@@ -580,6 +585,7 @@ async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant) -> Attemp
         log_bytes: inner.config.log_bytes_per_attempt,
         max_output_bytes: inner.config.max_output_bytes,
         inline_sleep_max_ms: inner.config.inline_sleep_max.as_millis() as u64,
+        max_durable_ops: inner.config.max_durable_ops,
         deadline,
         cancel: cancel.clone(),
     });
