@@ -1,0 +1,73 @@
+//! A hostile guest with one attack per input `{"attack": "..."}`; each must end contained
+//! (a clear run error, or a bounded result) while the daemon keeps serving others.
+//! - `recurse`: unbounded recursion (the wasm stack limit).
+//! - `grow`: memory.grow page by page until refused; returns the bytes it got.
+//! - `handles`: creates WASI pollables without dropping them (host-side resource table).
+//! - `log-flood`: 64 MiB of log lines and stdout (the per-attempt log budget).
+//! - `big-output`: an 8 MiB output value (over the 4 MiB output cap).
+//! - `random`: get-random-bytes(2^40) straight through the WASI import.
+//! - `sleep-forever`: std::thread::sleep(u64::MAX ms) blocked inside a host call.
+//! - `durable-sleep-forever`: a durable sleep of u64::MAX ms.
+
+use std::hint::black_box;
+use std::time::Duration;
+use wasq_guest::bindings::wasi;
+use wasq_guest::serde::Deserialize;
+use wasq_guest::serde_json::{Value, json};
+use wasq_guest::{Error, info, step};
+
+#[derive(Deserialize)]
+#[serde(crate = "wasq_guest::serde")]
+struct Input {
+    attack: String,
+}
+
+#[inline(never)]
+fn recurse(n: u64) -> u64 {
+    let pad = black_box([n; 16]);
+    if black_box(n) == u64::MAX { 0 } else { recurse(n + 1) + pad[3] }
+}
+
+fn hostile(input: Input) -> Result<Value, Error> {
+    match input.attack.as_str() {
+        "recurse" => Ok(json!(recurse(0))),
+        "grow" => {
+            let mut pages = 0usize;
+            while core::arch::wasm32::memory_grow(0, 1) != usize::MAX {
+                pages += 1;
+            }
+            Ok(json!({ "grown_bytes": pages * 65536 }))
+        }
+        "handles" => {
+            for _ in 0..10_000_000u64 {
+                let p = wasi::clocks::monotonic_clock::subscribe_duration(1_000_000_000);
+                std::mem::forget(p);
+            }
+            Ok(json!("all handles created"))
+        }
+        "log-flood" => {
+            let line = "x".repeat(1024);
+            for i in 0..65_536 {
+                info!("{i} {line}");
+                println!("{i} {line}");
+            }
+            Ok(json!("flooded"))
+        }
+        "big-output" => Ok(json!("y".repeat(8 << 20))),
+        "random" => {
+            let bytes = wasi::random::random::get_random_bytes(1 << 40);
+            Ok(json!(bytes.len()))
+        }
+        "sleep-forever" => {
+            std::thread::sleep(Duration::from_millis(u64::MAX));
+            Ok(json!("woke"))
+        }
+        "durable-sleep-forever" => {
+            step::sleep("forever", Duration::from_millis(u64::MAX));
+            Ok(json!("woke"))
+        }
+        other => Err(Error::fatal(format!("unknown attack {other:?}"))),
+    }
+}
+
+wasq_guest::task!(hostile);

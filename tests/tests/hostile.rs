@@ -1,0 +1,145 @@
+//! The hostile-guest suite: each attack is a real component and must end contained, with a
+//! clear run error or a bounded result, while the same daemon keeps serving a
+//! well-behaved function.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use wasq_tests::{Daemon, guest};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+async fn attack(d: &Daemon, name: &str) -> Value {
+    let started = Instant::now();
+    let id = d
+        .api
+        .start_run("hostile", &json!({ "attack": name }).to_string())
+        .await;
+    let run = d
+        .api
+        .wait_until(&id, WAIT, |r| {
+            r["status"] != "queued" && r["status"] != "running"
+        })
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{name} took {:?}",
+        started.elapsed()
+    );
+    // The neighbour is served after every attack.
+    let ok = d
+        .api
+        .start_run("echo", &json!({ "after": name }).to_string())
+        .await;
+    let ok = d.api.wait_run(&ok, WAIT).await;
+    assert_eq!(ok["status"], "succeeded", "echo after {name}: {ok:#}");
+    run
+}
+
+fn error(run: &Value) -> (&str, &str) {
+    (
+        run["error"]["reason"].as_str().unwrap_or(""),
+        run["error"]["message"].as_str().unwrap_or(""),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_guests_are_contained() {
+    let d = Daemon::start().await;
+    d.api.deploy("echo", guest("echo"), "").await;
+    d.api
+        .deploy(
+            "hostile",
+            guest("hostile"),
+            "timeout_ms=2000&memory_bytes=67108864&max_attempts=1",
+        )
+        .await;
+
+    let run = attack(&d, "recurse").await;
+    assert_eq!(run["status"], "failed", "{run:#}");
+    let (reason, message) = error(&run);
+    assert_eq!(reason, "trap");
+    // Rust's shadow stack lives in linear memory: overflowing it is an out-of-bounds
+    // access; frames beyond the 1 MiB wasm stack are "call stack exhausted".
+    assert!(
+        message.contains("stack") || message.contains("out of bounds"),
+        "{message}"
+    );
+
+    let run = attack(&d, "grow").await;
+    assert_eq!(
+        run["status"], "succeeded",
+        "a refused memory.grow is just -1: {run:#}"
+    );
+    let grown = run["output"]["grown_bytes"].as_u64().unwrap();
+    assert!(
+        grown <= 64 << 20,
+        "grew {grown} bytes past the 64 MiB limit"
+    );
+
+    let run = attack(&d, "handles").await;
+    assert_eq!(run["status"], "failed", "{run:#}");
+    assert!(error(&run).1.contains("handle limit"), "{run:#}");
+
+    // It may finish or hit its time limit first: either way the log stays bounded.
+    let run = attack(&d, "log-flood").await;
+    assert!(
+        matches!(run["status"].as_str(), Some("succeeded" | "failed")),
+        "{run:#}"
+    );
+    let (_, logs) = d
+        .api
+        .get(&format!("/v1/runs/{}/logs", run["id"].as_str().unwrap()))
+        .await;
+    let bytes: usize = logs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["message"].as_str().unwrap().len())
+        .sum();
+    assert!(
+        bytes < 2 << 20,
+        "64 MiB of output kept as {bytes} bytes of log"
+    );
+    assert!(
+        logs.as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["message"].as_str().unwrap().contains("truncated")),
+        "the truncation is said"
+    );
+
+    let run = attack(&d, "big-output").await;
+    assert_eq!(run["status"], "failed");
+    assert_eq!(error(&run).0, "fatal", "{run:#}");
+    assert!(error(&run).1.contains("over the limit"), "{run:#}");
+
+    let run = attack(&d, "random").await;
+    assert_eq!(
+        run["status"], "failed",
+        "2^40 random bytes must be refused: {run:#}"
+    );
+
+    let run = attack(&d, "sleep-forever").await;
+    assert_eq!(
+        error(&run).0,
+        "timeout",
+        "blocked in a host call, still stopped: {run:#}"
+    );
+
+    let id = d
+        .api
+        .start_run("hostile", r#"{"attack":"durable-sleep-forever"}"#)
+        .await;
+    let run = d
+        .api
+        .wait_until(&id, WAIT, |r| r["status"] == "sleeping")
+        .await;
+    assert!(
+        run["due_at"].as_i64().unwrap() > 4_000_000_000_000,
+        "asleep for good: {run:#}"
+    );
+    let (status, run) = d.api.post(&format!("/v1/runs/{id}/cancel"), "").await;
+    assert_eq!((status, run["status"].as_str()), (200, Some("cancelled")));
+    d.stop().await;
+}
