@@ -52,6 +52,24 @@ enum Command {
     /// Send events.
     #[command(subcommand)]
     Events(EventsCommand),
+    /// Cron schedules: list with next fire times, pause, resume, run now.
+    #[command(subcommand)]
+    Cron(CronCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum CronCommand {
+    /// Every schedule with its next five fire times.
+    List {
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// Stop firing a function's schedule (runs already started go on).
+    Pause { function: String },
+    /// Fire a paused schedule again from the next tick.
+    Resume { function: String },
+    /// Start one run of the function now, outside its schedule.
+    RunNow { function: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -147,8 +165,23 @@ struct DeployArgs {
     /// Event names that start a run of the function, comma-separated.
     #[arg(long)]
     events: Option<String>,
+    /// Cron expressions that start runs, separated by ';' (5 fields, or 6 with seconds first).
+    #[arg(long)]
+    cron: Option<String>,
+    /// IANA time zone of the cron expressions (default UTC).
+    #[arg(long)]
+    tz: Option<String>,
+    /// Ticks missed while no server ran: skip them, or fire the latest once.
+    #[arg(long, value_enum)]
+    missed: Option<MissedPolicy>,
     #[arg(long, value_enum, default_value_t)]
     output: Output,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum MissedPolicy {
+    Skip,
+    Latest,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -352,6 +385,46 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Cron(CronCommand::List { output }) => {
+            let schedules = client()?.get("/v1/schedules", &[]).await?;
+            if let Output::Json = output {
+                println!("{}", pretty(&schedules));
+                return Ok(ExitCode::SUCCESS);
+            }
+            let mut t = table(&["FUNCTION", "CRON", "TZ", "MISSED", "STATE", "NEXT"]);
+            for s in schedules.as_array().into_iter().flatten() {
+                let next: Vec<String> = s["next"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_i64)
+                    .map(units::format_time)
+                    .collect();
+                t.add_row(vec![
+                    str_of(&s["function"]).to_owned(),
+                    str_of(&s["cron"]).to_owned(),
+                    str_of(&s["tz"]).to_owned(),
+                    str_of(&s["missed"]).to_owned(),
+                    if s["paused"] == true {
+                        "paused".into()
+                    } else {
+                        "active".into()
+                    },
+                    next.join(", "),
+                ]);
+            }
+            println!("{t}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Cron(CronCommand::Pause { function }) => {
+            cron_action(client()?, &function, "pause").await
+        }
+        Command::Cron(CronCommand::Resume { function }) => {
+            cron_action(client()?, &function, "resume").await
+        }
+        Command::Cron(CronCommand::RunNow { function }) => {
+            cron_action(client()?, &function, "run-now").await
+        }
         Command::Functions(FunctionsCommand::List { output }) => {
             let fns = client()?.get("/v1/functions", &[]).await?;
             print_functions(&fns, output);
@@ -458,6 +531,17 @@ async fn deploy(client: Client, args: DeployArgs) -> Result<ExitCode> {
         query.push(("retry_traps", "false".into()));
     }
     query.extend(args.events.map(|e| ("events", e)));
+    query.extend(args.cron.map(|c| ("cron", c)));
+    query.extend(args.tz.map(|t| ("tz", t)));
+    query.extend(args.missed.map(|m| {
+        (
+            "missed",
+            match m {
+                MissedPolicy::Skip => "skip".to_owned(),
+                MissedPolicy::Latest => "latest".to_owned(),
+            },
+        )
+    }));
     let path = format!("/v1/functions/{}", client::path_segment(&args.name));
     let f = client.put_bytes(&path, &query, bytes).await?;
     match args.output {
@@ -612,6 +696,20 @@ async fn logs(client: Client, id: &str, follow: bool, output: Output) -> Result<
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+async fn cron_action(client: Client, function: &str, action: &str) -> Result<ExitCode> {
+    let path = format!(
+        "/v1/functions/{}/schedule/{action}",
+        client::path_segment(function)
+    );
+    let answer = client.post_json(&path, String::new()).await?;
+    match action {
+        "run-now" => println!("{}", str_of(&answer["id"])),
+        "pause" => println!("paused the schedule of {function}"),
+        _ => println!("resumed the schedule of {function}"),
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// A JSON argument given inline or as @FILE.

@@ -140,6 +140,7 @@ async fn deploy_fn(store: &impl Store, name: &str, digest: &str, max_attempts: u
             component: format!("bytes of {digest}").into_bytes(),
             settings: settings(max_attempts),
             events: vec![],
+            schedule: None,
         })
         .await
         .expect("deploy")
@@ -1114,10 +1115,26 @@ async fn event_subscribers(store: impl Store, _clock: ManualClock) {
             component: b"c".to_vec(),
             settings: settings(1),
             events: vec!["user.signup".into()],
+            schedule: Some(Schedule {
+                crons: vec!["0 9 * * MON-FRI".into()],
+                tz: "Europe/Berlin".into(),
+                missed: Missed::Latest,
+                paused: false,
+            }),
         })
         .await
         .unwrap();
     deploy_fn(&store, "unrelated", "d", 1).await;
+    let f = store
+        .function(DEFAULT_TENANT, "welcome")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(f.events, ["user.signup"]);
+    assert_eq!(
+        f.schedule.as_ref().map(|s| (s.tz.as_str(), s.missed)),
+        Some(("Europe/Berlin", Missed::Latest))
+    );
     let sent = send(
         &store,
         "user.signup",

@@ -212,8 +212,35 @@ pub struct Function {
     /// Event names that start a run of this function, one per event.
     #[serde(default)]
     pub events: Vec<String>,
+    /// Cron schedules that start runs of this function.
+    #[serde(default)]
+    pub schedule: Option<Schedule>,
     pub created_at: Millis,
     pub updated_at: Millis,
+}
+
+/// When a function runs by the clock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Schedule {
+    /// Cron expressions, 5 fields (minute precision) or 6 (seconds first).
+    pub crons: Vec<String>,
+    /// IANA time zone the expressions are read in, e.g. `America/New_York`.
+    pub tz: String,
+    #[serde(default)]
+    pub missed: Missed,
+    #[serde(default)]
+    pub paused: bool,
+}
+
+/// What happens to ticks that passed while no server was running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Missed {
+    /// Forget them; the next tick fires as usual.
+    #[default]
+    Skip,
+    /// Fire the latest missed tick once, at start-up.
+    Latest,
 }
 
 /// Why an attempt failed, in words a user can act on.

@@ -58,6 +58,7 @@ pub struct DeployRequest {
     pub settings: FunctionSettings,
     /// Event names that start a run of the function.
     pub events: Vec<String>,
+    pub schedule: Option<Schedule>,
 }
 
 #[derive(Debug, Clone)]

@@ -29,6 +29,11 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/functions/{name}/runs", axum::routing::post(create_run))
         .route("/v1/runs", get(list_runs))
         .route("/v1/events", axum::routing::post(send_event))
+        .route("/v1/schedules", get(list_schedules))
+        .route(
+            "/v1/functions/{name}/schedule/{action}",
+            axum::routing::post(schedule_action),
+        )
         .route("/v1/runs/{id}", get(get_run))
         .route("/v1/runs/{id}/logs", get(get_logs))
         .route("/v1/runs/{id}/cancel", axum::routing::post(cancel_run))
@@ -86,6 +91,38 @@ pub struct DeployParams {
     pub retry_traps: Option<bool>,
     /// Comma-separated event names that start a run of the function.
     pub events: Option<String>,
+    /// Cron expressions that start runs, separated by `;` (5 fields, or 6 with seconds).
+    pub cron: Option<String>,
+    /// IANA time zone of the cron expressions (default UTC).
+    pub tz: Option<String>,
+    /// Ticks missed while no server ran: `skip` (default) or `latest` (fire it once).
+    pub missed: Option<Missed>,
+}
+
+impl DeployParams {
+    fn schedule(&self) -> Result<Option<Schedule>, ApiError> {
+        let Some(cron) = &self.cron else {
+            if self.tz.is_some() || self.missed.is_some() {
+                return Err(ApiError::bad_request(
+                    "bad_schedule",
+                    "tz and missed need a cron expression",
+                ));
+            }
+            return Ok(None);
+        };
+        let schedule = Schedule {
+            crons: cron
+                .split(';')
+                .map(|c| c.trim().to_owned())
+                .filter(|c| !c.is_empty())
+                .collect(),
+            tz: self.tz.clone().unwrap_or_else(|| "UTC".into()),
+            missed: self.missed.unwrap_or_default(),
+            paused: false,
+        };
+        crate::schedule::parse(&schedule).map_err(|e| ApiError::bad_request("bad_schedule", e))?;
+        Ok(Some(schedule))
+    }
 }
 
 /// Event names: what users type on command lines and match in filters.
@@ -168,6 +205,7 @@ async fn deploy(
     for e in &events {
         check_event_name(e)?;
     }
+    let schedule = params.schedule()?;
     if body.is_empty() {
         return Err(ApiError::bad_request(
             "bad_component",
@@ -191,6 +229,7 @@ async fn deploy(
             component: body.to_vec(),
             settings,
             events,
+            schedule,
         })
         .await?;
     tracing::info!(function = %function.name, digest = %function.digest, "deployed");
@@ -200,6 +239,106 @@ async fn deploy(
         StatusCode::CREATED
     };
     Ok((status, Json(function)).into_response())
+}
+
+/// A function's schedule as `wasq cron list` shows it.
+#[derive(Debug, Serialize)]
+struct ScheduleView {
+    function: String,
+    cron: String,
+    tz: String,
+    missed: Missed,
+    paused: bool,
+    /// The next five ticks, Unix ms.
+    next: Vec<i64>,
+}
+
+async fn list_schedules(State(app): State<Arc<App>>) -> Result<Json<Vec<ScheduleView>>, ApiError> {
+    let now = SystemClock.now_ms();
+    let mut out = vec![];
+    for f in app.store.functions(DEFAULT_TENANT).await? {
+        let Some(s) = &f.schedule else { continue };
+        for entry in crate::schedule::parse(s).unwrap_or_default() {
+            out.push(ScheduleView {
+                function: f.name.clone(),
+                next: if s.paused {
+                    vec![]
+                } else {
+                    entry.upcoming(now, 5)
+                },
+                cron: entry.expr,
+                tz: s.tz.clone(),
+                missed: s.missed,
+                paused: s.paused,
+            });
+        }
+    }
+    Ok(Json(out))
+}
+
+/// `pause`, `resume` or `run-now` (one run, now, outside the schedule).
+async fn schedule_action(
+    State(app): State<Arc<App>>,
+    Path((name, action)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let f = app
+        .store
+        .function(DEFAULT_TENANT, &name)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("function {name:?} not found")))?;
+    let Some(mut schedule) = f.schedule.clone() else {
+        return Err(ApiError {
+            status: StatusCode::CONFLICT,
+            code: "conflict",
+            message: format!("function {name:?} has no schedule"),
+        });
+    };
+    match action.as_str() {
+        "pause" | "resume" => {
+            schedule.paused = action == "pause";
+            // Redeploys the same component with the schedule changed: one transition.
+            let component =
+                app.store.component(&f.digest).await?.ok_or_else(|| {
+                    ApiError::not_found(format!("component {} not found", f.digest))
+                })?;
+            let f = app
+                .store
+                .deploy(DeployRequest {
+                    tenant: f.tenant,
+                    name: f.name,
+                    digest: f.digest,
+                    component,
+                    settings: f.settings,
+                    events: f.events,
+                    schedule: Some(schedule),
+                })
+                .await?;
+            Ok(Json(f).into_response())
+        }
+        "run-now" => {
+            let run = app
+                .store
+                .enqueue(EnqueueRequest {
+                    tenant: f.tenant,
+                    function: f.name,
+                    input: serde_json::json!({ "cron": "run-now" })
+                        .to_string()
+                        .into_bytes(),
+                    trigger: "cron:run-now".into(),
+                    due_at: None,
+                    idempotency_key: None,
+                    retry: None,
+                    parent: None,
+                })
+                .await?
+                .run;
+            app.wake.notify_one();
+            Ok((StatusCode::CREATED, Json(run)).into_response())
+        }
+        other => Err(ApiError::not_found(format!(
+            "no schedule action {other:?} (pause, resume, run-now)"
+        ))),
+    }
 }
 
 async fn get_function(

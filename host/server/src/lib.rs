@@ -12,6 +12,7 @@
 mod api;
 mod config;
 mod error;
+mod schedule;
 mod worker;
 
 use std::net::SocketAddr;
@@ -111,6 +112,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         let worker = (app.config.concurrency > 0)
             .then(|| tokio::spawn(worker::run(app.clone(), shutdown.clone())));
         let janitor = tokio::spawn(purge_expired(app.clone(), shutdown.clone()));
+        let cron = tokio::spawn(schedule::run(app.clone(), shutdown.clone()));
         let router = api::router(app.clone());
         let api_shutdown = shutdown.clone();
         let serve = axum::serve(listener, router)
@@ -121,6 +123,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
             let _ = w.await;
         }
         let _ = janitor.await;
+        let _ = cron.await;
         tracing::info!("stopped");
         served
     });

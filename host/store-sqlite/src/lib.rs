@@ -30,6 +30,7 @@ CREATE TABLE IF NOT EXISTS functions (
     size_bytes INTEGER NOT NULL,
     settings   TEXT NOT NULL,
     events     TEXT NOT NULL DEFAULT '[]',
+    schedule   TEXT,
     created_at INTEGER NOT NULL,
     updated_at INTEGER NOT NULL,
     PRIMARY KEY (tenant, name)
@@ -259,11 +260,12 @@ fn function_from_row(row: &Row<'_>) -> rusqlite::Result<Function> {
         created_at: row.get(5)?,
         updated_at: row.get(6)?,
         events: from_json(&row.get::<_, String>(7)?)?,
+        schedule: opt_json(row.get(8)?)?,
     })
 }
 
 const FUNCTION_COLUMNS: &str =
-    "tenant, name, digest, size_bytes, settings, created_at, updated_at, events";
+    "tenant, name, digest, size_bytes, settings, created_at, updated_at, events, schedule";
 
 fn load_run(tx: &Connection, id: &str) -> Result<Option<Run>, StoreError> {
     tx.query_row(
@@ -581,11 +583,12 @@ impl Store for SqliteStore {
             )
             .map_err(internal)?;
             tx.execute(
-                "INSERT INTO functions (tenant, name, digest, size_bytes, settings, created_at, updated_at, events)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7)
+                "INSERT INTO functions (tenant, name, digest, size_bytes, settings, created_at, updated_at, events, schedule)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8)
                  ON CONFLICT (tenant, name) DO UPDATE SET digest = excluded.digest,
                      size_bytes = excluded.size_bytes, settings = excluded.settings,
-                     updated_at = excluded.updated_at, events = excluded.events",
+                     updated_at = excluded.updated_at, events = excluded.events,
+                     schedule = excluded.schedule",
                 params![
                     req.tenant,
                     req.name,
@@ -593,7 +596,8 @@ impl Store for SqliteStore {
                     req.component.len() as u64,
                     to_json(&req.settings)?,
                     now,
-                    to_json(&req.events)?
+                    to_json(&req.events)?,
+                    req.schedule.as_ref().map(to_json).transpose()?
                 ],
             )
             .map_err(internal)?;
