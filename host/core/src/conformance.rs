@@ -391,6 +391,7 @@ async fn fencing(store: impl Store, clock: ManualClock) {
         name: "s".into(),
         occurrence: 0,
         output: b"1".to_vec(),
+        logs: vec![],
     };
     let r = store.record(&old.lease, step.clone()).await;
     assert!(
@@ -442,9 +443,36 @@ async fn steps_replay(store: impl Store, clock: ManualClock) {
             name: name.into(),
             occurrence,
             output: out.as_bytes().to_vec(),
+            logs: vec![],
         };
         store.record(&c.lease, rec).await.unwrap();
     }
+    let line = LogLine {
+        attempt: 1,
+        at: T0,
+        level: LogLevel::Info,
+        source: LogSource::Guest,
+        message: "body ran".into(),
+    };
+    let rec = Record::Step {
+        name: "c".into(),
+        occurrence: 0,
+        output: b"4".to_vec(),
+        logs: vec![line],
+    };
+    store.record(&c.lease, rec).await.unwrap();
+    let logged: Vec<_> = store
+        .logs(DEFAULT_TENANT, &run.id, 0)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| l.message)
+        .collect();
+    assert_eq!(
+        logged,
+        ["body ran"],
+        "a step's log lines are stored with it"
+    );
     clock.advance(LEASE as i64);
     let again = claim(&store, "w2", 1).await.remove(0);
     let mut steps: Vec<_> = again
@@ -465,11 +493,12 @@ async fn steps_replay(store: impl Store, clock: ManualClock) {
         [
             ("a", 0, &b"1"[..], 1),
             ("a", 1, &b"2"[..], 1),
-            ("b", 0, &b"3"[..], 1)
+            ("b", 0, &b"3"[..], 1),
+            ("c", 0, &b"4"[..], 1)
         ]
     );
     let d = detail(&store, &run.id).await;
-    assert_eq!(d.steps.len(), 3);
+    assert_eq!(d.steps.len(), 4);
     assert_eq!(
         d.steps[0].completed_at,
         T0 + 1,
@@ -750,6 +779,7 @@ async fn suspend(store: impl Store, clock: ManualClock) {
         name: "nap".into(),
         occurrence: 0,
         output: b"{}".to_vec(),
+        logs: vec![],
     };
     store.record(&c.lease, rec).await.unwrap();
     clock.advance(10);
@@ -1272,6 +1302,7 @@ async fn purge(store: impl Store, clock: ManualClock) {
                 name: "s".into(),
                 occurrence: 0,
                 output: b"1".to_vec(),
+                logs: vec![],
             },
         )
         .await

@@ -133,10 +133,12 @@ pub struct Claimed {
 
 #[derive(Debug, Clone)]
 pub enum Record {
+    /// A completed step, stored in one transition with the log lines written before it.
     Step {
         name: String,
         occurrence: u32,
         output: Vec<u8>,
+        logs: Vec<LogLine>,
     },
     Logs(Vec<LogLine>),
     Progress(Progress),

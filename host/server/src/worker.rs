@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -165,12 +165,75 @@ async fn renew_leases(app: Arc<App>, shutdown: CancellationToken, hard_stop: Can
 }
 
 /// Streams an attempt's logs and progress to the store in batches, and stores steps
-/// synchronously (a step is durable before the guest moves on).
+/// synchronously (a step is durable before the guest moves on), together with the log
+/// lines written before it: a crash never keeps a step without the lines its body logged,
+/// nor those lines without the step.
 struct StoreJournal {
     app: Arc<App>,
     tenant: String,
     lease: Lease,
-    tx: mpsc::UnboundedSender<Record>,
+    pending: std::sync::Mutex<Pending>,
+    /// Held while taking and writing pending records, so lines are stored in order.
+    writing: tokio::sync::Mutex<()>,
+    flush: tokio::sync::Notify,
+    closed: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Default)]
+struct Pending {
+    logs: Vec<LogLine>,
+    progress: Option<Progress>,
+}
+
+impl StoreJournal {
+    fn take(&self) -> Pending {
+        std::mem::take(&mut *self.pending.lock().unwrap())
+    }
+
+    /// Writes what is pending (batched by the caller's timing).
+    async fn flush_pending(&self) {
+        let _order = self.writing.lock().await;
+        let Pending { logs, progress } = self.take();
+        if !logs.is_empty()
+            && let Err(e) = with_retries(|| {
+                self.app
+                    .store
+                    .record(&self.lease, Record::Logs(logs.clone()))
+            })
+            .await
+        {
+            tracing::warn!(run = %self.lease.run_id, error = %e, "dropping log lines");
+        }
+        if let Some(p) = progress {
+            let _ = self
+                .app
+                .store
+                .record(&self.lease, Record::Progress(p))
+                .await;
+        }
+    }
+
+    /// Ends the flusher after a last flush.
+    fn close(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.flush.notify_one();
+    }
+}
+
+/// Flushes pending lines every 50 ms while there are any, until the journal is closed.
+async fn flush_records(journal: Arc<StoreJournal>) {
+    loop {
+        journal.flush.notified().await;
+        let closed = journal.closed.load(std::sync::atomic::Ordering::SeqCst);
+        if !closed {
+            // Batch what arrives within a short window rather than one write per line.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        journal.flush_pending().await;
+        if closed {
+            return;
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -181,15 +244,19 @@ impl Journal for StoreJournal {
         occurrence: u32,
         output: &[u8],
     ) -> Result<(), String> {
+        let _order = self.writing.lock().await;
+        let logs = std::mem::take(&mut self.pending.lock().unwrap().logs);
         let rec = Record::Step {
             name: name.into(),
             occurrence,
             output: output.to_vec(),
+            logs,
         };
         with_retries(|| self.app.store.record(&self.lease, rec.clone()))
             .await
             .map_err(|e| format!("could not store step {name:?}: {e}"))
     }
+
     async fn send_event(
         &self,
         event: &str,
@@ -233,37 +300,13 @@ impl Journal for StoreJournal {
     }
 
     fn log(&self, line: LogLine) {
-        let _ = self.tx.send(Record::Logs(vec![line]));
+        self.pending.lock().unwrap().logs.push(line);
+        self.flush.notify_one();
     }
-    fn progress(&self, progress: Progress) {
-        let _ = self.tx.send(Record::Progress(progress));
-    }
-}
 
-/// Writes batched records until the journal is dropped and the channel drains.
-async fn flush_records(app: Arc<App>, lease: Lease, mut rx: mpsc::UnboundedReceiver<Record>) {
-    let mut buf = Vec::new();
-    while rx.recv_many(&mut buf, 512).await > 0 {
-        let mut logs = vec![];
-        let mut progress = None;
-        for r in buf.drain(..) {
-            match r {
-                Record::Logs(l) => logs.extend(l),
-                Record::Progress(p) => progress = Some(p),
-                Record::Step { .. } => {}
-            }
-        }
-        if !logs.is_empty()
-            && let Err(e) =
-                with_retries(|| app.store.record(&lease, Record::Logs(logs.clone()))).await
-        {
-            tracing::warn!(run = %lease.run_id, error = %e, "dropping log lines");
-        }
-        if let Some(p) = progress {
-            let _ = app.store.record(&lease, Record::Progress(p)).await;
-        }
-        // Batch what arrives within a short window rather than one write per line.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    fn progress(&self, progress: Progress) {
+        self.pending.lock().unwrap().progress = Some(progress);
+        self.flush.notify_one();
     }
 }
 
@@ -304,14 +347,16 @@ async fn attempt(
     hard_stop: &CancellationToken,
 ) {
     let Claimed { run, lease, steps } = claimed;
-    let (tx, rx) = mpsc::unbounded_channel();
-    let flusher = tokio::spawn(flush_records(app.clone(), lease.clone(), rx));
     let journal = Arc::new(StoreJournal {
         app: app.clone(),
         tenant: run.tenant.clone(),
         lease: lease.clone(),
-        tx: tx.clone(),
+        pending: Default::default(),
+        writing: Default::default(),
+        flush: Default::default(),
+        closed: Default::default(),
     });
+    let flusher = tokio::spawn(flush_records(journal.clone()));
 
     let result = match ensure_loaded(app, &run.digest).await {
         Ok(()) => {
@@ -378,11 +423,11 @@ async fn attempt(
                 None => "; no retries left".into(),
             };
             tracing::info!(error = %error, "attempt failed{what}");
-            let _ = tx.send(Record::Logs(vec![host_line(
+            journal.log(host_line(
                 run.attempt,
                 LogLevel::Error,
                 format!("attempt {} failed: {error}{what}", run.attempt),
-            )]));
+            ));
             Outcome::Failed {
                 error,
                 retry_in_ms: delay,
@@ -390,7 +435,7 @@ async fn attempt(
             }
         }
     };
-    drop((tx, journal));
+    journal.close();
     let _ = flusher.await;
     match with_retries(|| app.store.finish(&lease, outcome.clone())).await {
         Ok(run) => {

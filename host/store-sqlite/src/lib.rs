@@ -470,6 +470,39 @@ fn insert_run(tx: &Connection, now: i64, req: EnqueueRequest) -> Result<Enqueued
     Ok(Enqueued { run, created: true })
 }
 
+/// Appends log lines after the run's last one.
+fn append_logs(tx: &Connection, run_id: &str, lines: Vec<LogLine>) -> Result<(), StoreError> {
+    if lines.is_empty() {
+        return Ok(());
+    }
+    let first: i64 = tx
+        .query_row(
+            "SELECT COALESCE(MAX(seq), -1) + 1 FROM logs WHERE run_id = ?1",
+            [run_id],
+            |r| r.get(0),
+        )
+        .map_err(internal)?;
+    let mut stmt = tx
+        .prepare_cached(
+            "INSERT INTO logs (run_id, seq, attempt, at, level, source, message)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        )
+        .map_err(internal)?;
+    for (seq, l) in (first..).zip(lines) {
+        stmt.execute(params![
+            run_id,
+            seq,
+            l.attempt,
+            l.at,
+            l.level.as_str(),
+            l.source.as_str(),
+            l.message
+        ])
+        .map_err(internal)?;
+    }
+    Ok(())
+}
+
 /// Stores a step output. First write wins: a step's output never changes once stored.
 fn write_step(
     tx: &Connection,
@@ -737,36 +770,12 @@ impl Store for SqliteStore {
                     name,
                     occurrence,
                     output,
+                    logs,
                 } => {
+                    append_logs(tx, &run.id, logs)?;
                     write_step(tx, &run.id, &name, occurrence, &output, run.attempt, now)?;
                 }
-                Record::Logs(lines) => {
-                    let first: i64 = tx
-                        .query_row(
-                            "SELECT COALESCE(MAX(seq), -1) + 1 FROM logs WHERE run_id = ?1",
-                            [&run.id],
-                            |r| r.get(0),
-                        )
-                        .map_err(internal)?;
-                    let mut stmt = tx
-                        .prepare_cached(
-                            "INSERT INTO logs (run_id, seq, attempt, at, level, source, message)
-                             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                        )
-                        .map_err(internal)?;
-                    for (seq, l) in (first..).zip(lines) {
-                        stmt.execute(params![
-                            run.id,
-                            seq,
-                            l.attempt,
-                            l.at,
-                            l.level.as_str(),
-                            l.source.as_str(),
-                            l.message
-                        ])
-                        .map_err(internal)?;
-                    }
-                }
+                Record::Logs(lines) => append_logs(tx, &run.id, lines)?,
                 Record::Progress(p) => {
                     tx.execute(
                         "UPDATE runs SET progress = ?2, updated_at = ?3 WHERE id = ?1",
