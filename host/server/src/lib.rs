@@ -1,7 +1,8 @@
-//! wasq-server: the daemon — HTTP API, worker loop and wiring — behind `wasq dev`.
+//! wasq-server: the daemon — HTTP API, worker loop, cron scheduler, retention and
+//! wiring — behind `wasq dev`.
 //!
 //! [`run`] is the whole daemon: open the store, build the sandbox, serve the API and run
-//! the worker until the shutdown token fires, then stop claiming, let running attempts
+//! the worker, the scheduler and the purge until the shutdown token fires, then stop claiming, let running attempts
 //! finish within a grace period and hand the rest back to the queue. Binaries only parse
 //! arguments and call it; tests call [`start`] to learn the bound address.
 //!
