@@ -2,9 +2,10 @@
 //! wiring — behind `wasq dev`.
 //!
 //! [`run`] is the whole daemon: open the store, build the sandbox, serve the API and run
-//! the worker, the scheduler and the purge until the shutdown token fires, then stop claiming, let running attempts
-//! finish within a grace period and hand the rest back to the queue. Binaries only parse
-//! arguments and call it; tests call [`start`] to learn the bound address.
+//! the worker, the scheduler and the purge until the shutdown token fires, then stop
+//! claiming, let running attempts finish within a grace period and hand the rest back to
+//! the queue. Binaries only parse arguments and call it; tests call [`start`] to learn
+//! the bound address.
 //!
 //! The key decision: the worker talks to the queue only through `wasq_core::Store` and to
 //! wasmtime only through `wasq_sandbox`, so backends and the sandbox change without
