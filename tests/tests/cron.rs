@@ -78,36 +78,20 @@ async fn a_seconds_schedule_fires_once_per_tick() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(cron_runs(&d).await.len() >= paused_at + 2, "resumed");
 
-    let (status, body) = d
-        .api
-        .put(
-            "/v1/functions/bad-cron?cron=61%20*%20*%20*%20*",
-            guest("echo"),
-        )
-        .await;
-    assert_eq!(status, 400, "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("invalid cron expression"),
-        "{body}"
-    );
-    let (status, body) = d
-        .api
-        .put(
-            "/v1/functions/bad-tz?cron=*%20*%20*%20*%20*&tz=Mars/Base",
-            guest("echo"),
-        )
-        .await;
-    assert_eq!(status, 400, "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("unknown time zone"),
-        "{body}"
-    );
+    for (query, reason) in [
+        ("cron=61%20*%20*%20*%20*", "invalid cron expression"),
+        ("cron=*%20*%20*%20*%20*&tz=Mars/Base", "unknown time zone"),
+    ] {
+        let (status, body) = d
+            .api
+            .put(&format!("/v1/functions/bad?{query}"), guest("echo"))
+            .await;
+        assert_eq!(status, 400, "{body}");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains(reason),
+            "{body}"
+        );
+    }
     d.stop().await;
 }
 

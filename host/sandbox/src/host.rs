@@ -363,11 +363,7 @@ impl step::Host for State {
             return Ok(r.run_id);
         }
         let key = self.idempotency_key("child", &name, occurrence);
-        let run_id = self
-            .journal
-            .start_run(&function, &input, &key)
-            .await
-            .map_err(guest_error)?;
+        let run_id = start_child(&self.journal, &function, &input, &key).await?;
         let record = serde_json::to_vec(&ChildRecord {
             run_id: run_id.clone(),
         })
@@ -386,13 +382,8 @@ impl step::Host for State {
         if let Some(resolution) = self.replayed::<Resolution>(&name, occurrence, "a call")? {
             return run_result(&name, resolution);
         }
-        // The key makes the start exactly-once: a replay before the child ends finds it.
         let key = self.idempotency_key("child", &name, occurrence);
-        let run_id = self
-            .journal
-            .start_run(&function, &input, &key)
-            .await
-            .map_err(guest_error)?;
+        let run_id = start_child(&self.journal, &function, &input, &key).await?;
         Err(wait_on_run(name, occurrence, run_id))
     }
 
@@ -439,6 +430,20 @@ impl step::Host for State {
 #[derive(serde::Serialize, serde::Deserialize)]
 struct ChildRecord {
     run_id: String,
+}
+
+/// Starts a child run. The key (from the step) makes it exactly-once: a replay before
+/// the step is recorded finds the same run.
+async fn start_child(
+    journal: &Arc<dyn Journal>,
+    function: &str,
+    input: &[u8],
+    key: &str,
+) -> wasmtime::Result<String> {
+    journal
+        .start_run(function, input, key)
+        .await
+        .map_err(guest_error)
 }
 
 /// Stores a step output before the guest may go on; a failure ends the attempt.
