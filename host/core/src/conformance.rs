@@ -429,6 +429,11 @@ async fn fencing(store: impl Store, clock: ManualClock) {
         d.attempts[0].error.as_ref().map(|e| e.reason),
         Some(ErrorReason::LeaseExpired)
     );
+    let lost = &d.attempts[0].error.as_ref().unwrap().message;
+    assert!(
+        lost.contains("worker w1"),
+        "the lost attempt names its worker: {lost}"
+    );
     assert_eq!(d.steps.len(), 1);
     assert_eq!(d.steps[0].attempt, 2);
 }

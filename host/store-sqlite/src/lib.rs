@@ -267,6 +267,20 @@ fn function_from_row(row: &Row<'_>) -> rusqlite::Result<Function> {
 const FUNCTION_COLUMNS: &str =
     "tenant, name, digest, size_bytes, settings, created_at, updated_at, events, schedule";
 
+fn load_function(
+    tx: &Connection,
+    tenant: &str,
+    name: &str,
+) -> Result<Option<Function>, StoreError> {
+    tx.query_row(
+        &format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE tenant = ?1 AND name = ?2"),
+        params![tenant, name],
+        function_from_row,
+    )
+    .optional()
+    .map_err(internal)
+}
+
 fn load_run(tx: &Connection, id: &str) -> Result<Option<Run>, StoreError> {
     tx.query_row(
         &format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1"),
@@ -298,21 +312,36 @@ fn load_steps(tx: &Connection, id: &str) -> Result<Vec<StepRecord>, StoreError> 
     rows.collect::<Result<_, _>>().map_err(internal)
 }
 
-/// Checks the fence: the run is running under exactly this lease.
-fn check_lease(tx: &Connection, lease: &Lease) -> Result<Run, StoreError> {
-    let run = load_run(tx, &lease.run_id)?
-        .ok_or_else(|| StoreError::NotFound(format!("run {}", lease.run_id)))?;
-    let token: u64 = tx
+/// A leased run with the bookkeeping columns that ending its attempt needs.
+struct Leased {
+    run: Run,
+    /// The current execution woke a sleeping or waiting run (see `claim`).
+    resumed: bool,
+    cancel_requested: bool,
+}
+
+/// Checks the fence in one read: the run is running under exactly this lease.
+fn check_lease(tx: &Connection, lease: &Lease) -> Result<Leased, StoreError> {
+    let (leased, token) = tx
         .query_row(
-            "SELECT lease_token FROM runs WHERE id = ?1",
+            &format!("SELECT {RUN_COLUMNS}, lease_token, resumed, cancel_requested FROM runs WHERE id = ?1"),
             [&lease.run_id],
-            |r| r.get(0),
+            |r| {
+                let leased = Leased {
+                    run: run_from_row(r)?,
+                    resumed: r.get("resumed")?,
+                    cancel_requested: r.get("cancel_requested")?,
+                };
+                Ok((leased, r.get::<_, u64>("lease_token")?))
+            },
         )
-        .map_err(internal)?;
-    if run.status != RunStatus::Running || token != lease.token {
+        .optional()
+        .map_err(internal)?
+        .ok_or_else(|| StoreError::NotFound(format!("run {}", lease.run_id)))?;
+    if leased.run.status != RunStatus::Running || token != lease.token {
         return Err(StoreError::LeaseLost(lease.run_id.clone()));
     }
-    Ok(run)
+    Ok(leased)
 }
 
 /// Ends the run's latest execution.
@@ -344,15 +373,6 @@ fn close_execution(
     Ok(())
 }
 
-fn cancel_requested(tx: &Connection, id: &str) -> Result<bool, StoreError> {
-    tx.query_row(
-        "SELECT cancel_requested FROM runs WHERE id = ?1",
-        [id],
-        |r| r.get(0),
-    )
-    .map_err(internal)
-}
-
 /// A run of `tenant`, or NotFound: other tenants' runs do not exist for the caller.
 fn tenant_run(tx: &Connection, tenant: &str, id: &str) -> Result<Run, StoreError> {
     load_run(tx, id)?
@@ -362,19 +382,25 @@ fn tenant_run(tx: &Connection, tenant: &str, id: &str) -> Result<Run, StoreError
 
 /// Takes back runs whose worker stopped renewing: queued again, or failed for good.
 fn reap_expired(tx: &Connection, now: i64) -> Result<(), StoreError> {
-    let expired: Vec<(Run, Option<String>)> = {
+    let expired: Vec<(Run, Option<String>, bool)> = {
         let mut stmt = tx
             .prepare_cached(&format!(
-                "SELECT {RUN_COLUMNS}, worker FROM runs
+                "SELECT {RUN_COLUMNS}, worker, cancel_requested FROM runs
                  WHERE status = 'running' AND lease_expires_at <= ?1"
             ))
             .map_err(internal)?;
         let rows = stmt
-            .query_map([now], |r| Ok((run_from_row(r)?, r.get(16)?)))
+            .query_map([now], |r| {
+                Ok((
+                    run_from_row(r)?,
+                    r.get("worker")?,
+                    r.get("cancel_requested")?,
+                ))
+            })
             .map_err(internal)?;
         rows.collect::<Result<_, _>>().map_err(internal)?
     };
-    for (run, worker) in expired {
+    for (run, worker, cancel_requested) in expired {
         let error = RunError::new(
             ErrorReason::LeaseExpired,
             format!(
@@ -384,7 +410,7 @@ fn reap_expired(tx: &Connection, now: i64) -> Result<(), StoreError> {
             ),
         );
         close_attempt(tx, &run, now, Some(&error), None)?;
-        let (status, finished_at) = if cancel_requested(tx, &run.id)? {
+        let (status, finished_at) = if cancel_requested {
             (RunStatus::Cancelled, Some(now))
         } else if lease_loss_is_final(&run) {
             (RunStatus::Failed, Some(now))
@@ -406,14 +432,7 @@ fn reap_expired(tx: &Connection, now: i64) -> Result<(), StoreError> {
 /// Creates a run (or finds the one with the same idempotency key) inside a transaction.
 fn insert_run(tx: &Connection, now: i64, req: EnqueueRequest) -> Result<Enqueued, StoreError> {
     let id = uuid::Uuid::now_v7().to_string();
-    let function = tx
-        .query_row(
-            &format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE tenant = ?1 AND name = ?2"),
-            params![req.tenant, req.function],
-            function_from_row,
-        )
-        .optional()
-        .map_err(internal)?
+    let function = load_function(tx, &req.tenant, &req.function)?
         .ok_or_else(|| StoreError::NotFound(format!("function {:?}", req.function)))?;
     if let Some(key) = &req.idempotency_key {
         let existing: Option<(String, i64)> = tx
@@ -634,30 +653,16 @@ impl Store for SqliteStore {
                 ],
             )
             .map_err(internal)?;
-            tx.query_row(
-                &format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE tenant = ?1 AND name = ?2"),
-                params![req.tenant, req.name],
-                function_from_row,
-            )
-            .map_err(internal)
+            load_function(tx, &req.tenant, &req.name)?
+                .ok_or_else(|| StoreError::Internal("deployed function vanished".into()))
         })
         .await
     }
 
     async fn function(&self, tenant: &str, name: &str) -> Result<Option<Function>, StoreError> {
         let (tenant, name) = (tenant.to_owned(), name.to_owned());
-        self.tx(move |tx, _| {
-            tx.query_row(
-                &format!(
-                    "SELECT {FUNCTION_COLUMNS} FROM functions WHERE tenant = ?1 AND name = ?2"
-                ),
-                params![tenant, name],
-                function_from_row,
-            )
-            .optional()
-            .map_err(internal)
-        })
-        .await
+        self.tx(move |tx, _| load_function(tx, &tenant, &name))
+            .await
     }
 
     async fn functions(&self, tenant: &str) -> Result<Vec<Function>, StoreError> {
@@ -764,7 +769,7 @@ impl Store for SqliteStore {
     async fn record(&self, lease: &Lease, record: Record) -> Result<(), StoreError> {
         let lease = lease.clone();
         self.tx(move |tx, now| {
-            let run = check_lease(tx, &lease)?;
+            let run = check_lease(tx, &lease)?.run;
             match record {
                 Record::Step {
                     name,
@@ -792,11 +797,8 @@ impl Store for SqliteStore {
     async fn finish(&self, lease: &Lease, outcome: Outcome) -> Result<Run, StoreError> {
         let lease = lease.clone();
         self.tx(move |tx, now| {
-            let run = check_lease(tx, &lease)?;
-            let resumed: bool = tx
-                .query_row("SELECT resumed FROM runs WHERE id = ?1", [&run.id], |r| r.get(0))
-                .map_err(internal)?;
-            if cancel_requested(tx, &run.id)? && !matches!(outcome, Outcome::Succeeded { .. }) {
+            let Leased { run, resumed, cancel_requested } = check_lease(tx, &lease)?;
+            if cancel_requested && !matches!(outcome, Outcome::Succeeded { .. }) {
                 let (error, fuel_used) = match &outcome {
                     Outcome::Failed { error, fuel_used, .. } => (Some(error), *fuel_used),
                     _ => (None, None),
