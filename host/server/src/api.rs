@@ -281,11 +281,7 @@ async fn schedule_action(
     State(app): State<Arc<App>>,
     Path((name, action)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    let f = app
-        .store
-        .function(DEFAULT_TENANT, &name)
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("function {name:?} not found")))?;
+    let f = function_or_404(&app, &name).await?;
     let Some(mut schedule) = f.schedule.clone() else {
         return Err(ApiError {
             status: StatusCode::CONFLICT,
@@ -345,8 +341,13 @@ async fn get_function(
     State(app): State<Arc<App>>,
     Path(name): Path<String>,
 ) -> Result<Json<Function>, ApiError> {
-    let f = app.store.function(DEFAULT_TENANT, &name).await?;
-    f.map(Json)
+    function_or_404(&app, &name).await.map(Json)
+}
+
+async fn function_or_404(app: &App, name: &str) -> Result<Function, ApiError> {
+    app.store
+        .function(DEFAULT_TENANT, name)
+        .await?
         .ok_or_else(|| ApiError::not_found(format!("function {name:?} not found")))
 }
 
@@ -467,11 +468,7 @@ async fn create_run(
         }
     };
     let retry = if params.overrides_retry() {
-        let f = app
-            .store
-            .function(DEFAULT_TENANT, &name)
-            .await?
-            .ok_or_else(|| ApiError::not_found(format!("function {name:?} not found")))?;
+        let f = function_or_404(&app, &name).await?;
         Some(params.retry(f.settings.retry)?)
     } else {
         None
