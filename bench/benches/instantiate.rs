@@ -42,6 +42,7 @@ fn spec(digest: &str, journal: Arc<dyn Journal>) -> AttemptSpec {
         steps: vec![],
         journal,
         cancel: CancellationToken::new(),
+        allow_hosts: vec![],
     }
 }
 

@@ -9,14 +9,23 @@ pub struct Client {
 }
 
 impl Client {
-    pub fn new(base: &str) -> Result<Self> {
+    /// A client sending `key` (if any) as `Authorization: Bearer` on every request.
+    pub fn new(base: &str, key: Option<&str>) -> Result<Self> {
         let base = base.trim_end_matches('/').to_owned();
         if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(anyhow!(
                 "--server / WASQ_SERVER must be an http:// URL, got {base:?}"
             ));
         }
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(key) = key {
+            let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
+                .map_err(|_| anyhow!("the API key contains characters a header cannot carry"))?;
+            value.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
         let http = reqwest::Client::builder()
+            .default_headers(headers)
             .build()
             .context("cannot build the HTTP client")?;
         Ok(Client { base, http })
@@ -94,8 +103,13 @@ impl Client {
             .as_ref()
             .and_then(|j| j["error"]["message"].as_str().map(str::to_owned))
             .unwrap_or_else(|| String::from_utf8_lossy(&body).trim().to_owned());
+        let hint = if status == reqwest::StatusCode::UNAUTHORIZED {
+            " (pass --key or set WASQ_KEY; `wasq dev` writes its key to .wasq/dev.key)"
+        } else {
+            ""
+        };
         Err(anyhow!(
-            "{} {}: {message}",
+            "{} {}: {message}{hint}",
             status.as_u16(),
             status.canonical_reason().unwrap_or("error")
         ))

@@ -31,14 +31,35 @@ struct Cli {
     /// The wasq server client verbs talk to.
     #[arg(long, global = true, env = "WASQ_SERVER", default_value_t = format!("http://127.0.0.1:{}", wasq_server::DEFAULT_PORT))]
     server: String,
+    /// The tenant API key client verbs send (default: `.wasq/dev.key`, written by `wasq dev`).
+    #[arg(long, global = true, env = "WASQ_KEY", hide_env_values = true)]
+    key: Option<String>,
+    /// The operator key for `tenants` and `keys` (default: `.wasq/admin.key`).
+    #[arg(long, global = true, env = "WASQ_ADMIN_KEY", hide_env_values = true)]
+    admin_key: Option<String>,
     #[command(subcommand)]
     command: Command,
+}
+
+/// A key given on the command line or in the environment, else the one `wasq dev` left in
+/// `.wasq/` of the current folder.
+fn key_or_file(given: &Option<String>, file: &str) -> Option<String> {
+    given.clone().or_else(|| {
+        std::fs::read_to_string(std::path::Path::new(".wasq").join(file))
+            .ok()
+            .map(|k| k.trim().to_owned())
+            .filter(|k| !k.is_empty())
+    })
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run everything in one process on an embedded store: API, worker, scheduler.
     Dev(DevArgs),
+    /// Serve the API and the scheduler on a shared Redis (executes nothing by default).
+    Server(ServerArgs),
+    /// Execute runs from a shared Redis.
+    Worker(WorkerArgs),
     /// Upload a component (.wasm) as a named function, with its limits and retry policy.
     Deploy(DeployArgs),
     /// Start a run of a function.
@@ -55,6 +76,72 @@ enum Command {
     /// Cron schedules: list with next fire times, pause, resume, run now.
     #[command(subcommand)]
     Cron(CronCommand),
+    /// Tenants, their quotas and usage (operator key).
+    #[command(subcommand)]
+    Tenants(TenantsCommand),
+    /// API keys of a tenant: create (shown once), list, revoke.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+    /// The audit trail: uploads, key changes and manual actions, newest first.
+    Audit {
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum TenantsCommand {
+    /// Create a tenant (quotas not given take the server's defaults).
+    Create {
+        name: String,
+        /// Runs executing at once.
+        #[arg(long)]
+        max_running: Option<u32>,
+        /// Runs waiting to start; above it run creation answers 429.
+        #[arg(long)]
+        max_queued: Option<u64>,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// List tenants with their quotas and usage.
+    List {
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// One tenant: quotas and usage (fuel burned, attempts).
+    Show {
+        name: String,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum KeysCommand {
+    /// Create a key; it is printed once and stored only as an HMAC.
+    Create {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long, default_value = "")]
+        label: String,
+    },
+    /// List a tenant's keys (ids and labels, never the keys).
+    List {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// Revoke a key by id: it answers 401 from then on.
+    Revoke {
+        #[arg(long)]
+        tenant: String,
+        id: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -94,12 +181,56 @@ struct DevArgs {
     /// Address of the HTTP API.
     #[arg(long, default_value_t = SocketAddr::from(([127, 0, 0, 1], wasq_server::DEFAULT_PORT)))]
     listen: SocketAddr,
-    /// Folder for the database and the compiled-component cache.
-    #[arg(long, default_value = ".wasq")]
-    data: PathBuf,
+    /// Use this Redis instead of the embedded store: redis://host:port[/db] or
+    /// redis+cluster://host:port,host:port,...
+    #[arg(long, env = "WASQ_REDIS")]
+    redis: Option<String>,
     /// Runs executed at once (default: 4 per core).
     #[arg(long)]
     concurrency: Option<usize>,
+    /// Let guests' outbound HTTP reach loopback addresses (127.0.0.0/8, ::1) of hosts in
+    /// their allow-list, e.g. a service on this machine. Private, link-local and other
+    /// addresses stay refused.
+    #[arg(long)]
+    allow_loopback_egress: bool,
+    #[command(flatten)]
+    daemon: DaemonArgs,
+}
+
+#[derive(Debug, Args)]
+struct ServerArgs {
+    /// Address of the HTTP API.
+    #[arg(long, default_value_t = SocketAddr::from(([127, 0, 0, 1], wasq_server::DEFAULT_PORT)))]
+    listen: SocketAddr,
+    /// The shared Redis: redis://host:port[/db] or redis+cluster://host:port,host:port,...
+    #[arg(long, env = "WASQ_REDIS")]
+    redis: String,
+    /// Runs this process executes itself (default 0: the API and the scheduler only; run
+    /// `wasq worker` processes to execute).
+    #[arg(long, default_value_t = 0)]
+    concurrency: usize,
+    #[command(flatten)]
+    daemon: DaemonArgs,
+}
+
+#[derive(Debug, Args)]
+struct WorkerArgs {
+    /// The shared Redis: redis://host:port[/db] or redis+cluster://host:port,host:port,...
+    #[arg(long, env = "WASQ_REDIS")]
+    redis: String,
+    /// Runs executed at once (default: 4 per core).
+    #[arg(long)]
+    concurrency: Option<usize>,
+    #[command(flatten)]
+    daemon: DaemonArgs,
+}
+
+/// Flags every daemon verb shares.
+#[derive(Debug, Args)]
+struct DaemonArgs {
+    /// Folder for the embedded database and the compiled-component cache.
+    #[arg(long, default_value = ".wasq")]
+    data: PathBuf,
     /// How long running attempts may take to finish on Ctrl-C / SIGTERM before they are
     /// interrupted and put back in the queue.
     #[arg(long, default_value = "10s", value_parser = units::parse_duration)]
@@ -110,9 +241,30 @@ struct DevArgs {
     /// How long failed and cancelled runs are kept ("forever" keeps them).
     #[arg(long, default_value = "30days", value_parser = units::parse_ttl)]
     failure_ttl: Ttl,
+    /// How long a claimed run stays leased to this process without renewal (renewed every
+    /// third of it): after a crash, its runs are handed out again this much later.
+    #[arg(long, default_value = "30s", value_parser = units::parse_duration)]
+    lease: Duration,
     /// Log format of the daemon's own logs (on stderr).
     #[arg(long, value_enum, default_value_t = LogFormat::Pretty)]
     log_format: LogFormat,
+    /// The HMAC secret of API keys; every server sharing a Redis needs the same one
+    /// (default: `secret` in the data folder, created on first start).
+    #[arg(long, env = "WASQ_SECRET", hide_env_values = true)]
+    secret: Option<String>,
+}
+
+impl DaemonArgs {
+    fn config(&self) -> wasq_server::Config {
+        let mut config = wasq_server::Config::dev(self.data.clone());
+        config.shutdown_grace = self.shutdown_grace;
+        config.lease = self.lease;
+        config.auth.secret = self.secret.as_ref().map(|s| s.clone().into_bytes());
+        config.auth.dev_tenant = false;
+        config.result_ttl = self.result_ttl.0;
+        config.failure_ttl = self.failure_ttl.0;
+        config
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -174,6 +326,10 @@ struct DeployArgs {
     /// Ticks missed while no server ran: skip them, or fire the latest once.
     #[arg(long, value_enum)]
     missed: Option<MissedPolicy>,
+    /// A host the function may send HTTP requests to; repeat for more. `api.example.com`,
+    /// `*.example.com` (every subdomain, not the apex) or an IP address. Default: none.
+    #[arg(long = "allow-host", value_name = "PATTERN")]
+    allow_hosts: Vec<String>,
     #[arg(long, value_enum, default_value_t)]
     output: Output,
 }
@@ -300,9 +456,18 @@ fn one_line(e: &anyhow::Error) -> String {
 }
 
 async fn dispatch(cli: Cli) -> Result<ExitCode> {
-    let client = || Client::new(&cli.server);
+    let tenant_key = key_or_file(&cli.key, "dev.key");
+    let client = || Client::new(&cli.server, tenant_key.as_deref());
+    // Tenant and key management: the operator key when there is one, else the tenant's
+    // own key (a tenant may manage its own keys).
+    let admin = || {
+        let key = key_or_file(&cli.admin_key, "admin.key").or_else(|| tenant_key.clone());
+        Client::new(&cli.server, key.as_deref())
+    };
     match cli.command {
-        Command::Dev(args) => dev(args).await,
+        Command::Dev(args) => dev(args, cli.admin_key.clone()).await,
+        Command::Server(args) => server(args, cli.admin_key.clone()).await,
+        Command::Worker(args) => worker(args).await,
         Command::Deploy(args) => deploy(client()?, args).await,
         Command::Run(args) => run(client()?, args).await,
         Command::Runs(RunsCommand::List {
@@ -416,6 +581,33 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             println!("{t}");
             Ok(ExitCode::SUCCESS)
         }
+        Command::Tenants(cmd) => tenants(admin()?, cmd).await,
+        Command::Keys(cmd) => keys(admin()?, cmd).await,
+        Command::Audit {
+            tenant,
+            limit,
+            output,
+        } => {
+            let mut query = vec![("limit", limit.to_string())];
+            query.extend(tenant.map(|t| ("tenant", t)));
+            let entries = admin()?.get("/v1/audit", &query).await?;
+            if let Output::Json = output {
+                println!("{}", pretty(&entries));
+                return Ok(ExitCode::SUCCESS);
+            }
+            let mut t = table(&["AT", "TENANT", "ACTOR", "ACTION", "TARGET"]);
+            for e in entries.as_array().into_iter().flatten() {
+                t.add_row(vec![
+                    e["at"].as_i64().map(units::format_time).unwrap_or_default(),
+                    str_of(&e["tenant"]).to_owned(),
+                    str_of(&e["actor"]).to_owned(),
+                    str_of(&e["action"]).to_owned(),
+                    str_of(&e["target"]).to_owned(),
+                ]);
+            }
+            println!("{t}");
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Cron(CronCommand::Pause { function }) => {
             cron_action(client()?, &function, "pause").await
         }
@@ -439,7 +631,20 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 .await?;
             match output {
                 Output::Json => println!("{}", pretty(&f)),
-                Output::Table => print_functions(&Value::Array(vec![f]), Output::Table),
+                Output::Table => {
+                    let hosts: Vec<&str> = f["settings"]["allow_hosts"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(Value::as_str)
+                        .collect();
+                    print_functions(&Value::Array(vec![f.clone()]), Output::Table);
+                    if hosts.is_empty() {
+                        println!("outbound HTTP: none (deploy with --allow-host to allow)");
+                    } else {
+                        println!("outbound HTTP to: {}", hosts.join(", "));
+                    }
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -461,30 +666,209 @@ fn init_logging(format: LogFormat) {
     };
 }
 
-async fn dev(args: DevArgs) -> Result<ExitCode> {
-    init_logging(args.log_format);
-    let mut config = wasq_server::Config::dev(args.data.clone());
-    config.listen = args.listen;
-    config.shutdown_grace = args.shutdown_grace;
-    config.result_ttl = args.result_ttl.0;
-    config.failure_ttl = args.failure_ttl.0;
+async fn dev(args: DevArgs, admin_key: Option<String>) -> Result<ExitCode> {
+    let mut config = args.daemon.config();
+    config.listen = Some(args.listen);
+    config.auth.admin_key = admin_key;
+    config.auth.dev_tenant = true;
+    config.sandbox.allow_loopback_egress = args.allow_loopback_egress;
     if let Some(n) = args.concurrency {
         config.concurrency = n;
     }
+    let place = match &args.redis {
+        Some(url) => {
+            config.store = wasq_server::StoreBackend::Redis(url.clone());
+            format!("Redis at {url}")
+        }
+        None => format!("data in {}", args.daemon.data.display()),
+    };
+    serve_until_signal("wasq dev", config, place, args.daemon.log_format).await
+}
+
+async fn server(args: ServerArgs, admin_key: Option<String>) -> Result<ExitCode> {
+    let mut config = args.daemon.config();
+    config.listen = Some(args.listen);
+    config.auth.admin_key = admin_key;
+    if config.auth.secret.is_none() {
+        eprintln!(
+            "wasq server: no --secret / WASQ_SECRET: using {}/secret; other servers on this Redis must use the same secret",
+            args.daemon.data.display()
+        );
+    }
+    config.concurrency = args.concurrency;
+    config.store = wasq_server::StoreBackend::Redis(args.redis.clone());
+    let place = format!("Redis at {}", args.redis);
+    serve_until_signal("wasq server", config, place, args.daemon.log_format).await
+}
+
+async fn worker(args: WorkerArgs) -> Result<ExitCode> {
+    let mut config = args.daemon.config();
+    config.listen = None;
+    config.scheduler = false;
+    if let Some(n) = args.concurrency {
+        config.concurrency = n;
+    }
+    if config.concurrency == 0 {
+        bail!("--concurrency must be at least 1 for a worker");
+    }
+    config.store = wasq_server::StoreBackend::Redis(args.redis.clone());
+    let place = format!("Redis at {}", args.redis);
+    serve_until_signal("wasq worker", config, place, args.daemon.log_format).await
+}
+
+/// Starts the daemon, prints one line saying where it is, and stops it on Ctrl-C/SIGTERM.
+async fn serve_until_signal(
+    verb: &str,
+    config: wasq_server::Config,
+    place: String,
+    log_format: LogFormat,
+) -> Result<ExitCode> {
+    if config.lease < Duration::from_millis(500) {
+        bail!("--lease must be at least 500ms (it is renewed every third of it)");
+    }
+    init_logging(log_format);
+    let concurrency = config.concurrency;
+    let data = config.data_dir.clone();
     let shutdown = CancellationToken::new();
     let running = wasq_server::start(config, shutdown.clone())
         .await
-        .with_context(|| format!("cannot start wasq dev with data in {}", args.data.display()))?;
-    println!(
-        "wasq dev: API on http://{} (data in {}); Ctrl-C to stop",
-        running.addr,
-        args.data.display()
-    );
+        .with_context(|| format!("cannot start {verb} ({place})"))?;
+    match running.addr {
+        Some(addr) => {
+            println!("{verb}: API on http://{addr} ({place}); Ctrl-C to stop");
+            if let Some(key) = &running.dev_key {
+                println!(
+                    "tenant \"default\", key {key} (in {}/dev.key, which client verbs read from this folder)",
+                    data.display()
+                );
+            }
+        }
+        None => {
+            println!("{verb}: running up to {concurrency} runs at once ({place}); Ctrl-C to stop")
+        }
+    }
     tokio::spawn(stop_on_signal(shutdown));
     running
         .wait()
         .await
-        .context("wasq dev stopped with an error")?;
+        .with_context(|| format!("{verb} stopped with an error"))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn tenants(client: Client, cmd: TenantsCommand) -> Result<ExitCode> {
+    let print = |tenants: &Value, output: Output| {
+        if let Output::Json = output {
+            println!("{}", pretty(tenants));
+            return;
+        }
+        let mut t = table(&[
+            "TENANT",
+            "MAX RUNNING",
+            "MAX QUEUED",
+            "FUEL USED",
+            "ATTEMPTS",
+            "CREATED",
+        ]);
+        let list = match tenants {
+            Value::Array(a) => a.clone(),
+            one => vec![one.clone()],
+        };
+        for x in &list {
+            let q = &x["quotas"];
+            t.add_row(vec![
+                str_of(&x["name"]).to_owned(),
+                q["max_running"].to_string(),
+                q["max_queued"].to_string(),
+                x["usage"]["fuel"]
+                    .as_u64()
+                    .map_or("0".into(), |f| f.to_string()),
+                x["usage"]["attempts"]
+                    .as_u64()
+                    .map_or("0".into(), |f| f.to_string()),
+                x["created_at"]
+                    .as_i64()
+                    .map(units::format_time)
+                    .unwrap_or_default(),
+            ]);
+        }
+        println!("{t}");
+    };
+    match cmd {
+        TenantsCommand::Create {
+            name,
+            max_running,
+            max_queued,
+            output,
+        } => {
+            let mut body = serde_json::json!({ "name": name });
+            let mut quotas = serde_json::Map::new();
+            if let Some(n) = max_running {
+                quotas.insert("max_running".into(), n.into());
+            }
+            if let Some(n) = max_queued {
+                quotas.insert("max_queued".into(), n.into());
+            }
+            if !quotas.is_empty() {
+                body["quotas"] = Value::Object(quotas);
+            }
+            let t = client.post_json("/v1/tenants", body.to_string()).await?;
+            match output {
+                Output::Json => println!("{}", pretty(&t)),
+                Output::Table => println!(
+                    "created tenant {name}; give it a key with `wasq keys create --tenant {name}`"
+                ),
+            }
+        }
+        TenantsCommand::List { output } => print(&client.get("/v1/tenants", &[]).await?, output),
+        TenantsCommand::Show { name, output } => {
+            let path = format!("/v1/tenants/{}", client::path_segment(&name));
+            print(&client.get(&path, &[]).await?, output)
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn keys(client: Client, cmd: KeysCommand) -> Result<ExitCode> {
+    let base = |tenant: &str| format!("/v1/tenants/{}/keys", client::path_segment(tenant));
+    match cmd {
+        KeysCommand::Create { tenant, label } => {
+            let body = serde_json::json!({ "label": label }).to_string();
+            let k = client.post_json(&base(&tenant), body).await?;
+            println!("{}", str_of(&k["key"]));
+            eprintln!(
+                "key {} for tenant {tenant}: shown once, stored only as an HMAC; keep it safe",
+                str_of(&k["id"])
+            );
+        }
+        KeysCommand::List { tenant, output } => {
+            let keys = client.get(&base(&tenant), &[]).await?;
+            if let Output::Json = output {
+                println!("{}", pretty(&keys));
+                return Ok(ExitCode::SUCCESS);
+            }
+            let mut t = table(&["ID", "LABEL", "CREATED", "REVOKED"]);
+            for k in keys.as_array().into_iter().flatten() {
+                t.add_row(vec![
+                    str_of(&k["id"]).to_owned(),
+                    str_of(&k["label"]).to_owned(),
+                    k["created_at"]
+                        .as_i64()
+                        .map(units::format_time)
+                        .unwrap_or_default(),
+                    k["revoked_at"]
+                        .as_i64()
+                        .map(units::format_time)
+                        .unwrap_or_default(),
+                ]);
+            }
+            println!("{t}");
+        }
+        KeysCommand::Revoke { tenant, id } => {
+            let path = format!("{}/{}/revoke", base(&tenant), client::path_segment(&id));
+            client.post_json(&path, String::new()).await?;
+            println!("revoked key {id} of tenant {tenant}");
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -542,6 +926,9 @@ async fn deploy(client: Client, args: DeployArgs) -> Result<ExitCode> {
             },
         )
     }));
+    if !args.allow_hosts.is_empty() {
+        query.push(("allow_hosts", args.allow_hosts.join(",")));
+    }
     let path = format!("/v1/functions/{}", client::path_segment(&args.name));
     let f = client.put_bytes(&path, &query, bytes).await?;
     match args.output {

@@ -66,7 +66,7 @@ pub fn example_path(name: &str) -> PathBuf {
 /// Daemon config for tests: loopback port 0, a fresh folder, short leases and grace.
 pub fn test_config(data_dir: PathBuf) -> wasq_server::Config {
     let mut c = wasq_server::Config::dev(data_dir);
-    c.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    c.listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
     c.concurrency = 4;
     c.sandbox.max_instances = 16;
     c.shutdown_grace = Duration::from_secs(5);
@@ -75,7 +75,10 @@ pub fn test_config(data_dir: PathBuf) -> wasq_server::Config {
 
 /// The real daemon, in this process.
 pub struct Daemon {
+    /// The `default` tenant's client.
     pub api: Api,
+    /// The operator's client.
+    pub admin: Api,
     shutdown: CancellationToken,
     running: Option<wasq_server::Running>,
     _dir: tempfile::TempDir,
@@ -95,7 +98,14 @@ impl Daemon {
             .await
             .expect("daemon starts");
         Daemon {
-            api: Api::new(running.addr),
+            admin: Api::with_key(
+                running.addr.expect("the daemon serves the API"),
+                Some(running.admin_key.clone()),
+            ),
+            api: Api::with_key(
+                running.addr.expect("the daemon serves the API"),
+                running.dev_key.clone(),
+            ),
             shutdown,
             running: Some(running),
             _dir: dir,
@@ -119,19 +129,69 @@ impl Drop for Daemon {
     }
 }
 
-/// A client for the HTTP API that returns (status, JSON body).
+/// A client for the HTTP API that returns (status, JSON body), sending its key (if any)
+/// as `Authorization: Bearer`.
 #[derive(Clone)]
 pub struct Api {
     pub base: String,
-    http: reqwest::Client,
+    pub key: Option<String>,
+    /// Sends the key on every request.
+    pub http: reqwest::Client,
 }
 
 impl Api {
+    /// A client without a key (every `/v1` route answers it 401).
     pub fn new(addr: SocketAddr) -> Api {
+        Api::with_key(addr, None)
+    }
+
+    pub fn with_key(addr: SocketAddr, key: Option<String>) -> Api {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(k) = &key {
+            headers.insert(
+                reqwest::header::AUTHORIZATION,
+                format!("Bearer {k}").parse().unwrap(),
+            );
+        }
         Api {
             base: format!("http://{addr}"),
-            http: reqwest::Client::new(),
+            key,
+            http: reqwest::Client::builder()
+                .default_headers(headers)
+                .build()
+                .unwrap(),
         }
+    }
+
+    /// The same server with another key.
+    pub fn as_key(&self, key: Option<String>) -> Api {
+        let addr = self.base.trim_start_matches("http://").parse().unwrap();
+        Api::with_key(addr, key)
+    }
+
+    /// The CLI pointed at this server with this client's key.
+    pub fn cli(&self) -> Command {
+        let mut c = wasq();
+        c.args(["--server", &self.base]);
+        match &self.key {
+            Some(k) => c.env("WASQ_KEY", k),
+            None => c.env_remove("WASQ_KEY"),
+        };
+        c
+    }
+
+    /// Creates a tenant and a key of it (this client must hold the operator key); returns
+    /// a client of that tenant.
+    pub async fn new_tenant(&self, name: &str) -> Api {
+        let (status, body) = self
+            .post("/v1/tenants", &format!(r#"{{"name": "{name}"}}"#))
+            .await;
+        assert_eq!(status, 201, "create tenant {name}: {body}");
+        let (status, body) = self
+            .post(&format!("/v1/tenants/{name}/keys"), r#"{"label": "test"}"#)
+            .await;
+        assert_eq!(status, 201, "create key of {name}: {body}");
+        self.as_key(Some(body["key"].as_str().unwrap().to_owned()))
     }
 
     async fn send(&self, req: reqwest::RequestBuilder) -> (u16, Value) {
@@ -258,7 +318,7 @@ impl DevProcess {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn wasq dev");
-        let api = Api::new(addr);
+        let mut api = Api::new(addr);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(r) = reqwest::get(format!("{}/healthz", api.base)).await
@@ -272,6 +332,8 @@ impl DevProcess {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        let key = std::fs::read_to_string(data.join("dev.key")).expect("wasq dev writes dev.key");
+        api = Api::with_key(addr, Some(key.trim().to_owned()));
         DevProcess { child, api }
     }
 
@@ -289,6 +351,61 @@ impl Drop for DevProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A `wasq` daemon verb (`server`, `worker`, `dev`) as a child process that a test can
+/// kill -9 and start again with the same arguments.
+pub struct DaemonProcess {
+    pub child: Child,
+    args: Vec<String>,
+}
+
+impl DaemonProcess {
+    pub fn spawn(args: &[&str]) -> DaemonProcess {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let child = Self::start(&args);
+        DaemonProcess { child, args }
+    }
+
+    fn start(args: &[String]) -> Child {
+        wasq()
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn wasq")
+    }
+
+    pub fn kill9(&mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().unwrap();
+    }
+
+    /// Starts the process again (after [`Self::kill9`]).
+    pub fn respawn(&mut self) {
+        self.child = Self::start(&self.args);
+    }
+}
+
+impl Drop for DaemonProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until the API at `api` answers `/healthz`.
+pub async fn wait_healthy(api: &Api, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok(r) = reqwest::get(format!("{}/healthz", api.base)).await
+            && r.status().is_success()
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{} did not come up", api.base);
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

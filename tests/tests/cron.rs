@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use wasq_tests::{Daemon, guest, run_cli, wasq};
+use wasq_tests::{Daemon, guest, run_cli};
 
 async fn cron_runs(d: &Daemon) -> Vec<Value> {
     let (_, runs) = d.api.get("/v1/runs?function=ticker&limit=1000").await;
@@ -46,14 +46,14 @@ async fn a_seconds_schedule_fires_once_per_tick() {
     );
 
     // `wasq cron list` shows the next ticks.
-    let (code, out, err) = run_cli(wasq().args(["--server", &d.api.base, "cron", "list"]));
+    let (code, out, err) = run_cli(d.api.cli().args(["cron", "list"]));
     assert_eq!(code, 0, "{err}");
     assert!(
         out.contains("ticker") && out.contains("active") && out.contains("UTC"),
         "{out}"
     );
 
-    let (code, _, err) = run_cli(wasq().args(["--server", &d.api.base, "cron", "pause", "ticker"]));
+    let (code, _, err) = run_cli(d.api.cli().args(["cron", "pause", "ticker"]));
     assert_eq!(code, 0, "{err}");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let paused_at = cron_runs(&d).await.len();
@@ -64,8 +64,7 @@ async fn a_seconds_schedule_fires_once_per_tick() {
         "a paused schedule does not fire"
     );
 
-    let (code, out, _) =
-        run_cli(wasq().args(["--server", &d.api.base, "cron", "run-now", "ticker"]));
+    let (code, out, _) = run_cli(d.api.cli().args(["cron", "run-now", "ticker"]));
     assert_eq!(code, 0);
     let run = d.api.wait_run(out.trim(), Duration::from_secs(30)).await;
     assert_eq!(
@@ -73,7 +72,7 @@ async fn a_seconds_schedule_fires_once_per_tick() {
         (Some("succeeded"), Some("cron:run-now"))
     );
 
-    let (code, _, _) = run_cli(wasq().args(["--server", &d.api.base, "cron", "resume", "ticker"]));
+    let (code, _, _) = run_cli(d.api.cli().args(["cron", "resume", "ticker"]));
     assert_eq!(code, 0);
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(cron_runs(&d).await.len() >= paused_at + 2, "resumed");

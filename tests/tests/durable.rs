@@ -233,7 +233,7 @@ async fn failed_runs_are_kept_and_can_be_retried_by_hand() {
 async fn a_hundred_concurrent_posts_with_one_idempotency_key_make_one_run() {
     let d = Daemon::start().await;
     d.api.deploy("echo", guest("echo"), "").await;
-    let http = reqwest::Client::new();
+    let http = d.api.http.clone();
     let url = format!("{}/v1/functions/echo/runs", d.api.base);
     let posts = (0..100).map(|i| {
         let (http, url) = (http.clone(), url.clone());

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use wasq_tests::{Daemon, example_path, run_cli, wasq};
+use wasq_tests::{Daemon, example_path, run_cli};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -53,7 +53,7 @@ async fn the_saga_compensates_in_reverse_when_shipping_fails() {
     );
 
     // Every step is visible in `wasq runs show`.
-    let (code, out, err) = run_cli(wasq().args(["--server", &d.api.base, "runs", "show", &id]));
+    let (code, out, err) = run_cli(d.api.cli().args(["runs", "show", &id]));
     assert_eq!(code, 0, "{err}");
     let at = |name: &str| {
         out.find(name)

@@ -8,20 +8,24 @@ use wasq_tests::{DevProcess, example_path, free_port, guest, run_cli, wasq};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-fn cli(server: &str) -> Command {
+/// The CLI as a user runs it: from the folder holding `.wasq`, where `wasq dev` left its
+/// key (no --key, no WASQ_KEY).
+fn cli(server: &str, cwd: &std::path::Path) -> Command {
     let mut c = wasq();
-    c.args(["--server", server]);
+    c.args(["--server", server])
+        .current_dir(cwd)
+        .env_remove("WASQ_KEY");
     c
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_tour_works_through_the_cli() {
-    let data = tempfile::tempdir().unwrap();
-    let dev = DevProcess::spawn(data.path(), free_port(), &[]).await;
+    let home = tempfile::tempdir().unwrap();
+    let dev = DevProcess::spawn(&home.path().join(".wasq"), free_port(), &[]).await;
     let server = dev.api.base.clone();
 
     let (code, out, err) = run_cli(
-        cli(&server)
+        cli(&server, home.path())
             .arg("deploy")
             .arg(example_path("hello"))
             .args(["--name", "hello"]),
@@ -29,20 +33,26 @@ async fn the_readme_tour_works_through_the_cli() {
     assert_eq!(code, 0, "deploy: {out} {err}");
     assert!(out.starts_with("deployed hello"), "{out}");
 
-    let (code, out, err) =
-        run_cli(cli(&server).args(["run", "hello", "--input", r#"{"name":"Ada"}"#, "--wait"]));
+    let (code, out, err) = run_cli(cli(&server, home.path()).args([
+        "run",
+        "hello",
+        "--input",
+        r#"{"name":"Ada"}"#,
+        "--wait",
+    ]));
     assert_eq!(code, 0, "run: {out} {err}");
     let output: serde_json::Value =
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(output["greeting"], "Hello, Ada!");
 
-    let (code, out, _) = run_cli(cli(&server).args(["runs", "list", "--output", "json"]));
+    let (code, out, _) =
+        run_cli(cli(&server, home.path()).args(["runs", "list", "--output", "json"]));
     assert_eq!(code, 0);
     let runs: serde_json::Value = serde_json::from_str(&out).unwrap();
     let id = runs[0]["id"].as_str().unwrap().to_owned();
     assert_eq!(runs[0]["status"], "succeeded");
 
-    let (code, out, _) = run_cli(cli(&server).args([
+    let (code, out, _) = run_cli(cli(&server, home.path()).args([
         "runs",
         "list",
         "--function",
@@ -56,26 +66,26 @@ async fn the_readme_tour_works_through_the_cli() {
         "table lists the run: {out}"
     );
 
-    let (code, out, _) = run_cli(cli(&server).args(["runs", "show", &id]));
+    let (code, out, _) = run_cli(cli(&server, home.path()).args(["runs", "show", &id]));
     assert_eq!(code, 0);
     assert!(
         out.contains("compose-greeting") && out.contains("shout"),
         "steps shown: {out}"
     );
 
-    let (code, out, _) = run_cli(cli(&server).args(["runs", "logs", &id]));
+    let (code, out, _) = run_cli(cli(&server, home.path()).args(["runs", "logs", &id]));
     assert_eq!(code, 0);
     assert!(
         out.contains("composing a greeting for Ada"),
         "guest logs shown: {out}"
     );
 
-    let (code, out, _) = run_cli(cli(&server).args(["functions", "list"]));
+    let (code, out, _) = run_cli(cli(&server, home.path()).args(["functions", "list"]));
     assert_eq!(code, 0);
     assert!(out.contains("hello"), "{out}");
 
     // Errors are one readable line and a non-zero exit.
-    let (code, out, err) = run_cli(cli(&server).args(["run", "missing", "--wait"]));
+    let (code, out, err) = run_cli(cli(&server, home.path()).args(["run", "missing", "--wait"]));
     assert_eq!(code, 1, "{out}");
     assert!(
         err.starts_with("error: 404") && err.contains("missing"),
@@ -83,20 +93,21 @@ async fn the_readme_tour_works_through_the_cli() {
     );
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
 
-    let (code, _, err) = run_cli(cli(&server).args(["run", "hello", "--input", "{oops"]));
+    let (code, _, err) =
+        run_cli(cli(&server, home.path()).args(["run", "hello", "--input", "{oops"]));
     assert_eq!(code, 1);
     assert!(err.contains("--input is not valid JSON"), "{err}");
 
     let (code, _, err) = run_cli(
-        cli(&server)
+        cli(&server, home.path())
             .arg("deploy")
-            .arg(data.path().join("nope.wasm"))
+            .arg(home.path().join("nope.wasm"))
             .args(["--name", "x"]),
     );
     assert_eq!(code, 1);
     assert!(err.contains("cannot read"), "{err}");
 
-    let (code, _, err) = run_cli(cli("http://127.0.0.1:1").args(["runs", "list"]));
+    let (code, _, err) = run_cli(cli("http://127.0.0.1:1", home.path()).args(["runs", "list"]));
     assert_eq!(code, 1);
     assert!(err.contains("cannot reach wasq"), "{err}");
 }
@@ -215,9 +226,10 @@ async fn sigterm_past_the_grace_period_hands_runs_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_during_a_durable_sleep_still_wakes_on_time() {
-    let data = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let data = home.path().join(".wasq");
     let port = free_port();
-    let mut dev = DevProcess::spawn(data.path(), port, &[]).await;
+    let mut dev = DevProcess::spawn(&data, port, &[]).await;
     dev.api.deploy("sleeper", guest("sleeper"), "").await;
     let id = dev.api.start_run("sleeper", r#"{"sleep_ms":3000}"#).await;
     dev.api
@@ -225,7 +237,7 @@ async fn kill_9_during_a_durable_sleep_still_wakes_on_time() {
         .await;
     dev.kill9();
 
-    let dev = DevProcess::spawn(data.path(), port, &[]).await;
+    let dev = DevProcess::spawn(&data, port, &[]).await;
     let run = dev.api.wait_run(&id, WAIT).await;
     assert_eq!(run["status"], "succeeded", "{run:#}");
     let slept = run["output"]["after"]["at"].as_i64().unwrap()
@@ -245,19 +257,19 @@ async fn kill_9_during_a_durable_sleep_still_wakes_on_time() {
     dev.api
         .wait_until(&id, WAIT, |r| r["status"] == "sleeping")
         .await;
-    let (code, out, err) = run_cli(cli(&server).args(["runs", "cancel", &id]));
+    let (code, out, err) = run_cli(cli(&server, home.path()).args(["runs", "cancel", &id]));
     assert_eq!(code, 0, "{out} {err}");
     assert_eq!(out.trim(), format!("cancelled {id}"));
-    let (code, _, err) = run_cli(cli(&server).args(["runs", "cancel", &id]));
+    let (code, _, err) = run_cli(cli(&server, home.path()).args(["runs", "cancel", &id]));
     assert_eq!(code, 1);
     assert!(
         err.starts_with("error: 409") && err.contains("already cancelled"),
         "{err}"
     );
-    let (code, out, _) = run_cli(cli(&server).args(["runs", "retry", &id]));
+    let (code, out, _) = run_cli(cli(&server, home.path()).args(["runs", "retry", &id]));
     assert_eq!(code, 0);
     assert_eq!(out.trim(), format!("queued {id} again"));
-    let (code, out, err) = run_cli(cli(&server).args([
+    let (code, out, err) = run_cli(cli(&server, home.path()).args([
         "run",
         "sleeper",
         "--input",
@@ -266,7 +278,7 @@ async fn kill_9_during_a_durable_sleep_still_wakes_on_time() {
         "k",
     ]));
     assert_eq!(code, 0, "{err}");
-    let (_, again, _) = run_cli(cli(&server).args([
+    let (_, again, _) = run_cli(cli(&server, home.path()).args([
         "run",
         "sleeper",
         "--input",

@@ -6,9 +6,10 @@
 
 use std::future::Future;
 
-use crate::clock::{Clock, ManualClock};
+use crate::clock::{Clock, ManualClock, Millis};
 use crate::model::*;
 use crate::store::*;
+use crate::tenant::*;
 
 const T0: i64 = 1_700_000_000_000;
 const LEASE: u64 = 30_000;
@@ -18,7 +19,7 @@ type Scenario<S> = fn(S, ManualClock) -> std::pin::Pin<Box<dyn Future<Output = (
 /// Runs every scenario, each against a fresh store from `make`.
 pub async fn run_all<S, F, Fut>(make: F)
 where
-    S: Store,
+    S: Store + Directory,
     F: Fn(ManualClock) -> Fut,
     Fut: Future<Output = S>,
 {
@@ -43,6 +44,10 @@ where
         ("a stale lease cannot record or finish", |s, c| {
             Box::pin(fencing(s, c))
         }),
+        (
+            "a reclaimed run's late completion is rejected; the new holder's result stands",
+            |s, c| Box::pin(late_completion(s, c)),
+        ),
         ("steps survive a lost worker and are replayed", |s, c| {
             Box::pin(steps_replay(s, c))
         }),
@@ -110,6 +115,21 @@ where
             "purge deletes ended runs past their retention only",
             |s, c| Box::pin(purge(s, c)),
         ),
+        (
+            "tenants are created once, listed and given quotas",
+            |s, c| Box::pin(tenants(s, c)),
+        ),
+        (
+            "keys are stored, found by id, listed and revoked",
+            |s, c| Box::pin(keys(s, c)),
+        ),
+        (
+            "ended executions add their fuel to the tenant's usage",
+            |s, c| Box::pin(usage(s, c)),
+        ),
+        ("the audit trail lists newest first, per tenant", |s, c| {
+            Box::pin(audit(s, c))
+        }),
     ];
     for (name, scenario) in scenarios {
         let clock = ManualClock::new(T0);
@@ -128,6 +148,7 @@ fn settings(max_attempts: u32) -> FunctionSettings {
             max_backoff_ms: 10_000,
             ..RetryPolicy::default()
         },
+        allow_hosts: vec![],
     }
 }
 
@@ -436,6 +457,61 @@ async fn fencing(store: impl Store, clock: ManualClock) {
     );
     assert_eq!(d.steps.len(), 1);
     assert_eq!(d.steps[0].attempt, 2);
+}
+
+async fn late_completion(store: impl Store, clock: ManualClock) {
+    deploy_fn(&store, "f", "d", 3).await;
+    let run = enqueue(&store, "f", "{}").await;
+    let old = claim(&store, "w1", 1).await.remove(0);
+    clock.advance(LEASE as i64);
+    let new = claim(&store, "w2", 1).await.remove(0);
+    assert_eq!(new.run.id, run.id);
+    store
+        .finish(
+            &new.lease,
+            Outcome::Succeeded {
+                output: b"\"new\"".to_vec(),
+                fuel_used: None,
+            },
+        )
+        .await
+        .unwrap();
+    // The first worker wakes up after the run was taken over and finished.
+    clock.advance(5);
+    for outcome in [
+        Outcome::Succeeded {
+            output: b"\"old\"".to_vec(),
+            fuel_used: None,
+        },
+        failed(ErrorReason::Trap, Some(1_000)),
+        Outcome::Released,
+    ] {
+        let r = store.finish(&old.lease, outcome).await;
+        assert!(
+            matches!(r, Err(StoreError::LeaseLost(_))),
+            "late finish: {r:?}"
+        );
+    }
+    let r = store.record(&old.lease, Record::Logs(vec![])).await;
+    assert!(
+        matches!(r, Err(StoreError::LeaseLost(_))),
+        "late record: {r:?}"
+    );
+    let lost = store
+        .renew(std::slice::from_ref(&old.lease), LEASE)
+        .await
+        .unwrap();
+    assert_eq!(lost, std::slice::from_ref(&run.id), "late renewal");
+    let d = detail(&store, &run.id).await;
+    assert_eq!(d.run.status, RunStatus::Succeeded);
+    assert_eq!(d.run.output.as_deref(), Some(&b"\"new\""[..]));
+    assert_eq!(d.run.finished_at, Some(T0 + LEASE as i64));
+    assert_eq!(d.run.attempt, 2);
+    assert_eq!(d.attempts.len(), 2);
+    assert_eq!(d.attempts[1].worker, "w2");
+    assert_eq!(d.attempts[1].error, None);
+    clock.advance(LEASE as i64 * 2);
+    assert!(claim(&store, "w3", 10).await.is_empty(), "nothing to redo");
 }
 
 async fn steps_replay(store: impl Store, clock: ManualClock) {
@@ -1399,4 +1475,163 @@ async fn purge(store: impl Store, clock: ManualClock) {
             .unwrap()
             .is_some()
     );
+}
+
+fn tenant(name: &str) -> Tenant {
+    Tenant {
+        name: name.into(),
+        created_at: T0,
+        quotas: Quotas::default(),
+    }
+}
+
+async fn tenants(store: impl Store + Directory, _clock: ManualClock) {
+    store.create_tenant(tenant("zeta")).await.expect("create");
+    store.create_tenant(tenant("acme")).await.expect("create");
+    let again = store.create_tenant(tenant("acme")).await;
+    assert!(matches!(again, Err(StoreError::Conflict(_))), "{again:?}");
+    let names: Vec<String> = store
+        .tenants()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert_eq!(names, ["acme", "zeta"]);
+    let quotas = Quotas {
+        max_queued: 5,
+        max_running: 2,
+        ..Quotas::default()
+    };
+    let t = store.set_quotas("acme", quotas).await.expect("set quotas");
+    assert_eq!(t.quotas, quotas);
+    assert_eq!(store.tenant("acme").await.unwrap().unwrap().quotas, quotas);
+    assert_eq!(
+        store.tenant("zeta").await.unwrap().unwrap().quotas,
+        Quotas::default()
+    );
+    assert!(store.tenant("nobody").await.unwrap().is_none());
+    let missing = store.set_quotas("nobody", quotas).await;
+    assert!(
+        matches!(missing, Err(StoreError::NotFound(_))),
+        "{missing:?}"
+    );
+}
+
+fn api_key(id: &str, tenant: &str, at: Millis) -> ApiKey {
+    ApiKey {
+        id: id.into(),
+        tenant: tenant.into(),
+        hmac: format!("hmac-of-{id}"),
+        label: format!("label {id}"),
+        created_at: at,
+        revoked_at: None,
+    }
+}
+
+async fn keys(store: impl Store + Directory, _clock: ManualClock) {
+    let orphan = store.create_key(api_key("k0", "nobody", T0)).await;
+    assert!(matches!(orphan, Err(StoreError::NotFound(_))), "{orphan:?}");
+    store.create_tenant(tenant("acme")).await.unwrap();
+    store.create_tenant(tenant("other")).await.unwrap();
+    store
+        .create_key(api_key("k2", "acme", T0 + 2))
+        .await
+        .unwrap();
+    store
+        .create_key(api_key("k1", "acme", T0 + 1))
+        .await
+        .unwrap();
+    store
+        .create_key(api_key("k3", "other", T0 + 3))
+        .await
+        .unwrap();
+    let dup = store.create_key(api_key("k1", "other", T0 + 4)).await;
+    assert!(matches!(dup, Err(StoreError::Conflict(_))), "{dup:?}");
+
+    assert_eq!(
+        store.key("k1").await.unwrap(),
+        Some(api_key("k1", "acme", T0 + 1))
+    );
+    assert_eq!(store.key("nope").await.unwrap(), None);
+    let ids: Vec<String> = store
+        .keys("acme")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|k| k.id)
+        .collect();
+    assert_eq!(ids, ["k1", "k2"], "oldest first, only the tenant's");
+
+    // Another tenant cannot revoke it; revoking twice keeps the first time.
+    let wrong = store.revoke_key("other", "k1", T0 + 10).await;
+    assert!(matches!(wrong, Err(StoreError::NotFound(_))), "{wrong:?}");
+    assert_eq!(store.key("k1").await.unwrap().unwrap().revoked_at, None);
+    let revoked = store.revoke_key("acme", "k1", T0 + 10).await.unwrap();
+    assert_eq!(revoked.revoked_at, Some(T0 + 10));
+    let again = store.revoke_key("acme", "k1", T0 + 20).await.unwrap();
+    assert_eq!(again.revoked_at, Some(T0 + 10));
+    assert_eq!(
+        store.key("k1").await.unwrap().unwrap().revoked_at,
+        Some(T0 + 10)
+    );
+    assert_eq!(
+        store.keys("acme").await.unwrap().len(),
+        2,
+        "revoked keys stay listed"
+    );
+}
+
+async fn usage(store: impl Store + Directory, clock: ManualClock) {
+    assert_eq!(store.usage(DEFAULT_TENANT).await.unwrap(), Usage::default());
+    deploy_fn(&store, "f", "d1", 3).await;
+    for _ in 0..3 {
+        enqueue(&store, "f", "{}").await;
+    }
+    let c = claim(&store, "w", 3).await;
+    assert_eq!(c.len(), 3);
+    let ok = Outcome::Succeeded {
+        output: b"{}".to_vec(),
+        fuel_used: Some(1_000),
+    };
+    store.finish(&c[0].lease, ok).await.unwrap();
+    store
+        .finish(&c[1].lease, failed(ErrorReason::Trap, None))
+        .await
+        .unwrap();
+    // Given back at shutdown: not an ended execution, nothing to bill.
+    store.finish(&c[2].lease, Outcome::Released).await.unwrap();
+    clock.advance(1);
+    let u = store.usage(DEFAULT_TENANT).await.unwrap();
+    assert_eq!(
+        u,
+        Usage {
+            fuel: 1_007,
+            attempts: 2
+        }
+    );
+    assert_eq!(store.usage("someone-else").await.unwrap(), Usage::default());
+}
+
+async fn audit(store: impl Store + Directory, _clock: ManualClock) {
+    let entry = |n: i64, tenant: &str| AuditEntry {
+        at: T0 + n,
+        tenant: tenant.into(),
+        actor: "admin".into(),
+        action: "deploy".into(),
+        target: format!("f{n}"),
+    };
+    for (n, t) in [(1, "a"), (2, "b"), (3, "a")] {
+        store.audit(entry(n, t)).await.unwrap();
+    }
+    assert_eq!(
+        store.audit_log(None, 10).await.unwrap(),
+        [entry(3, "a"), entry(2, "b"), entry(1, "a")]
+    );
+    assert_eq!(
+        store.audit_log(Some("a"), 10).await.unwrap(),
+        [entry(3, "a"), entry(1, "a")]
+    );
+    assert_eq!(store.audit_log(None, 1).await.unwrap(), [entry(3, "a")]);
+    assert!(store.audit_log(Some("c"), 10).await.unwrap().is_empty());
 }

@@ -13,7 +13,9 @@ pub mod clock;
 pub mod conformance;
 mod model;
 mod store;
+mod tenant;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use model::*;
 pub use store::*;
+pub use tenant::*;

@@ -193,10 +193,14 @@ impl RetryPolicy {
 }
 
 /// What a deploy sets for a function; every field has a default.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct FunctionSettings {
     pub limits: Limits,
     pub retry: RetryPolicy,
+    /// Hosts the function may send HTTP requests to: exact names (`api.example.com`),
+    /// `*.example.com` for every subdomain (not the apex), IP literals. Empty: none.
+    #[serde(default)]
+    pub allow_hosts: Vec<String>,
 }
 
 /// A named, deployed component. Redeploying a name replaces its component for new runs;

@@ -47,6 +47,15 @@ pub trait Store: Send + Sync + 'static {
     async fn purge(&self, req: PurgeRequest) -> Result<usize, StoreError>;
     /// Log lines in the order written, starting after the first `skip`.
     async fn logs(&self, tenant: &str, id: &str, skip: usize) -> Result<Vec<LogLine>, StoreError>;
+
+    /// Returns when a run may have become claimable (created, due, resumed, handed back)
+    /// or after `max`, whichever is first. Backends shared by several processes wake idle
+    /// workers through it; the default only sleeps, and the daemon also wakes its own
+    /// worker in-process.
+    async fn wait_for_work(&self, max: std::time::Duration) -> Result<(), StoreError> {
+        tokio::time::sleep(max).await;
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -118,6 +127,8 @@ pub struct ClaimRequest {
 /// The right to run one attempt. `token` grows with every claim of the run: the fence.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
+    /// The run's tenant: backends that shard by tenant find the run's keys through it.
+    pub tenant: String,
     pub run_id: RunId,
     pub token: u64,
     pub expires_at: Millis,
@@ -217,6 +228,13 @@ pub enum StoreError {
     /// The transition does not apply to the run's current state.
     #[error("{0}")]
     Conflict(String),
+    /// A tenant quota refuses the call; it may succeed once the tenant's backlog shrinks.
+    #[error("{message}")]
+    QuotaExceeded {
+        message: String,
+        /// A hint for clients (HTTP `Retry-After`).
+        retry_after_ms: u64,
+    },
     /// The backend is unreachable or overloaded; the same call may succeed later.
     #[error("store unavailable: {0}")]
     Unavailable(String),

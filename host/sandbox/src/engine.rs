@@ -47,10 +47,12 @@ pub(crate) fn engine(config: &SandboxConfig) -> Result<Engine, SandboxError> {
     Engine::new(&cfg).map_err(|e| SandboxError::Engine(format!("{e:#}")))
 }
 
-/// Everything a guest may import: WASI 0.2 (no HTTP) and wasq:task.
+/// Everything a guest may import: WASI 0.2, wasi:http's outgoing handler (through the
+/// egress guard) and wasq:task.
 pub(crate) fn linker(engine: &Engine) -> Result<Linker<State>, SandboxError> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+        .and_then(|()| wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker))
         .and_then(|()| host::add_to_linker(&mut linker))
         .map_err(|e| SandboxError::Engine(format!("linking host functions: {e:#}")))?;
     Ok(linker)

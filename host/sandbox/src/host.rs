@@ -13,11 +13,13 @@ use wasmtime::component::ResourceTable;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 use wasq_core::{
     Clock, LogLevel, LogLine, LogSource, Progress, Resolution, StepRecord, SystemClock, Wait,
     WaitOn, check_event_filter,
 };
 
+use crate::egress::{self, EgressConfig};
 use crate::limits::{MemoryLimiter, Stop};
 use crate::{Journal, RunInfo};
 
@@ -28,9 +30,13 @@ wasmtime::component::bindgen!({
     // failing journal ends the attempt with a trap instead of a made-up return value.
     imports: { default: async | trappable },
     exports: { default: async },
-    // The world includes wasi:cli/imports; without this bindgen would generate WASI traits
-    // of its own for us to implement. wasmtime-wasi's implementation is linked instead.
-    with: { "wasi": wasmtime_wasi::p2::bindings },
+    // The world includes wasi:cli/imports and wasi:http/outgoing-handler; without this
+    // bindgen would generate WASI traits of its own for us to implement. wasmtime-wasi's
+    // and wasmtime-wasi-http's implementations are linked instead.
+    with: {
+        "wasi:http": wasmtime_wasi_http::p2::bindings::http,
+        "wasi": wasmtime_wasi::p2::bindings,
+    },
 });
 
 use wasq::task::{context, log, progress, step, types};
@@ -38,6 +44,9 @@ use wasq::task::{context, log, progress, step, types};
 /// Everything one attempt's `Store` owns. Built fresh for every attempt and dropped with it.
 pub(crate) struct State {
     wasi: WasiCtx,
+    http: WasiHttpCtx,
+    /// wasi-http's hooks: every outbound request goes through it.
+    egress: egress::Guard,
     table: ResourceTable,
     pub(crate) limiter: MemoryLimiter,
     pub(crate) logs: Arc<LogSink>,
@@ -71,6 +80,10 @@ pub(crate) struct StateParams {
     pub max_durable_ops: u32,
     pub deadline: Instant,
     pub cancel: CancellationToken,
+    /// The function's allow-list of outbound HTTP hosts.
+    pub allow_hosts: Vec<String>,
+    pub egress: EgressConfig,
+    pub allow_loopback_egress: bool,
 }
 
 impl State {
@@ -96,8 +109,17 @@ impl State {
             .into_iter()
             .map(|s| ((s.name, s.occurrence), s.output))
             .collect::<HashMap<_, _>>();
+        let egress = egress::Guard::new(egress::GuardParams {
+            allow_hosts: &p.allow_hosts,
+            config: &p.egress,
+            allow_loopback: p.allow_loopback_egress,
+            deadline: p.deadline,
+            logs: logs.clone(),
+        });
         State {
             wasi: wasi.build(),
+            http: WasiHttpCtx::new(),
+            egress,
             table: ResourceTable::new(),
             limiter: MemoryLimiter::new(p.memory_limit),
             logs,
@@ -122,6 +144,16 @@ impl WasiView for State {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for State {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.egress,
         }
     }
 }
@@ -518,7 +550,7 @@ struct SinkState {
 }
 
 impl LogSink {
-    fn new(journal: Arc<dyn Journal>, attempt: u32, cap: usize) -> LogSink {
+    pub(crate) fn new(journal: Arc<dyn Journal>, attempt: u32, cap: usize) -> LogSink {
         LogSink {
             journal,
             attempt,

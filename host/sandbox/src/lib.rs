@@ -15,14 +15,22 @@
 //!   `ResourceLimiter` caps memory, and every byte a guest logs or returns is bounded.
 //! - Everything that can go wrong in an attempt ends up in [`AttemptResult`] as a
 //!   [`wasq_core::RunError`] whose reason and message a user can act on.
+//! - Outbound HTTP (wasi:http) goes through our own client behind an egress guard
+//!   (`egress.rs`): per-function host allow-list, DNS resolved here with every address
+//!   checked, a connection to exactly the checked address, clamped timeouts and capped
+//!   sizes and counts. wasmtime-wasi-http's own client is not compiled in.
 //!
 //! What this crate is not: it knows nothing about queues, leases or retries (the caller
 //! decides what an [`AttemptError`] means for the run), and it does no I/O besides the
-//! compiled-artifact cache: step outputs and logs go to the caller's [`Journal`].
+//! compiled-artifact cache and guests' outbound HTTP: step outputs and logs go to the
+//! caller's [`Journal`].
 
+mod egress;
 mod engine;
 mod host;
 mod limits;
+
+pub use egress::{EgressConfig, MAX_ALLOW_HOSTS, normalize_allow_host};
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -75,6 +83,12 @@ pub struct SandboxConfig {
     /// replays included: bounds what a guest can make the store hold, and how many child
     /// runs it can start.
     pub max_durable_ops: u32,
+    /// Lets outbound HTTP reach loopback addresses (127.0.0.0/8, ::1) of allow-listed
+    /// hosts: for `wasq dev --allow-loopback-egress` and tests. Every other private,
+    /// link-local or reserved address stays refused.
+    pub allow_loopback_egress: bool,
+    /// Timeouts and caps of outbound HTTP.
+    pub egress: EgressConfig,
 }
 
 impl Default for SandboxConfig {
@@ -89,6 +103,8 @@ impl Default for SandboxConfig {
             max_output_bytes: 4 << 20,
             inline_sleep_max: Duration::from_secs(1),
             max_durable_ops: 10_000,
+            allow_loopback_egress: false,
+            egress: EgressConfig::default(),
         }
     }
 }
@@ -118,6 +134,9 @@ pub struct AttemptSpec {
     pub journal: Arc<dyn Journal>,
     /// Cancelled => the guest is interrupted at the next epoch tick.
     pub cancel: CancellationToken,
+    /// Hosts the guest may send HTTP requests to (the function's `allow_hosts`): exact
+    /// names, `*.domain`, IP literals. Empty: no outbound HTTP.
+    pub allow_hosts: Vec<String>,
 }
 
 /// Where an attempt's durable effects go while it runs.
@@ -505,6 +524,8 @@ const PROVIDED: &[&str] = &[
     "wasi:cli/",
     "wasi:clocks/",
     "wasi:filesystem/",
+    "wasi:http/outgoing-handler",
+    "wasi:http/types",
     "wasi:io/",
     "wasi:random/",
     "wasi:sockets/",
@@ -548,6 +569,7 @@ async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant) -> Attemp
         steps,
         journal,
         cancel,
+        allow_hosts,
     } = spec;
     let early = |error| AttemptResult {
         outcome: AttemptOutcome::Failed(error),
@@ -588,6 +610,9 @@ async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant) -> Attemp
         max_durable_ops: inner.config.max_durable_ops,
         deadline,
         cancel: cancel.clone(),
+        allow_hosts,
+        egress: inner.config.egress.clone(),
+        allow_loopback_egress: inner.config.allow_loopback_egress,
     });
     let logs = state.logs.clone();
     let mut store = Store::new(&inner.engine, state);

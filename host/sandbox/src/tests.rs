@@ -32,17 +32,20 @@ fn vendored_wasi_wit_matches_wasmtime() {
         String::from_utf8_lossy(&out.stderr)
     );
     let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let manifest = meta["packages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["name"] == "wasmtime-wasi")
-        .and_then(|p| p["manifest_path"].as_str())
-        .expect("wasmtime-wasi in cargo metadata");
-    let upstream = Path::new(manifest)
-        .parent()
-        .unwrap()
-        .join("src/p2/wit/deps");
+    let crate_dir = |name: &str| {
+        let manifest = meta["packages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .and_then(|p| p["manifest_path"].as_str())
+            .unwrap_or_else(|| panic!("{name} in cargo metadata"));
+        Path::new(manifest).parent().unwrap().to_path_buf()
+    };
+    // wasi:http from wasmtime-wasi-http, everything else from wasmtime-wasi (the two
+    // crates ship identical copies of the shared packages).
+    let wasi = crate_dir("wasmtime-wasi").join("src/p2/wit/deps");
+    let wasi_http = crate_dir("wasmtime-wasi-http").join("wit/deps");
 
     let vendored = root.join("wit/deps");
     let mut files: Vec<_> = std::fs::read_dir(&vendored)
@@ -56,14 +59,22 @@ fn vendored_wasi_wit_matches_wasmtime() {
         "no WIT files in {}: run wit/vendor.sh",
         vendored.display()
     );
+    assert!(
+        files.iter().any(|f| f.ends_with("http.wit")),
+        "wit/deps/http.wit missing: run wit/vendor.sh"
+    );
     for ours in files {
         let name = ours.file_name().unwrap();
-        let theirs = upstream.join(name);
+        let theirs = if name == "http.wit" {
+            wasi_http.join(name)
+        } else {
+            wasi.join(name)
+        };
         let a = std::fs::read(&ours).unwrap();
         let b = std::fs::read(&theirs).unwrap_or_default();
         assert!(
             a == b,
-            "{} differs from {} (wasmtime-wasi's copy): run wit/vendor.sh",
+            "{} differs from {} (wasmtime's copy): run wit/vendor.sh",
             ours.display(),
             theirs.display()
         );
@@ -129,7 +140,7 @@ async fn validate_refuses_an_oversized_upload() {
 async fn validate_refuses_unprovided_imports_by_name() {
     let component = wat::parse_str(
         r#"(component
-            (import "wasi:http/types@0.2.0" (instance
+            (import "wasi:keyvalue/store@0.2.0-draft" (instance
                 (export "x" (func))
             ))
         )"#,
@@ -140,7 +151,11 @@ async fn validate_refuses_unprovided_imports_by_name() {
         matches!(err, InvalidComponent::UnsupportedImport(_)),
         "{err:?}"
     );
-    assert!(err.to_string().contains("`wasi:http/types@0.2.0`"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("`wasi:keyvalue/store@0.2.0-draft`, which this wasq host does not provide"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -177,6 +192,7 @@ async fn run_of_an_unloaded_digest_is_a_host_error() {
             steps: vec![],
             journal: Arc::new(Nop),
             cancel: CancellationToken::new(),
+            allow_hosts: vec![],
         })
         .await;
     let err = r.outcome.error().cloned().unwrap();
@@ -281,6 +297,7 @@ fn spec(digest: &str, input: &str, limits: Limits) -> AttemptSpec {
         steps: vec![],
         journal: Arc::new(Nop),
         cancel: CancellationToken::new(),
+        allow_hosts: vec![],
     }
 }
 

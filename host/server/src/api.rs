@@ -12,13 +12,13 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use wasq_core::*;
 
+use crate::auth::TenantScope;
 use crate::error::ApiError;
 use crate::{App, MAX_MEMORY_FLOOR};
 
 pub fn router(app: Arc<App>) -> Router {
     let upload_limit = app.sandbox_config.max_component_bytes + 1;
-    Router::new()
-        .route("/healthz", get(healthz))
+    let authenticated = Router::new()
         .route("/v1/functions", get(list_functions))
         .route(
             "/v1/functions/{name}",
@@ -38,6 +38,14 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/runs/{id}/logs", get(get_logs))
         .route("/v1/runs/{id}/cancel", axum::routing::post(cancel_run))
         .route("/v1/runs/{id}/retry", axum::routing::post(retry_run))
+        .merge(crate::admin::routes())
+        .route_layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            crate::auth::authenticate,
+        ));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .merge(authenticated)
         .fallback(|| async { ApiError::not_found("no such route") })
         .with_state(app)
 }
@@ -97,6 +105,9 @@ pub struct DeployParams {
     pub tz: Option<String>,
     /// Ticks missed while no server ran: `skip` (default) or `latest` (fire it once).
     pub missed: Option<Missed>,
+    /// Comma-separated hosts the function may send HTTP requests to: `api.example.com`,
+    /// `*.example.com` (subdomains, not the apex), IP literals. Default: none.
+    pub allow_hosts: Option<String>,
 }
 
 impl DeployParams {
@@ -163,6 +174,7 @@ impl DeployParams {
                 jitter: self.jitter.unwrap_or(d.retry.jitter),
                 retry_traps: self.retry_traps.unwrap_or(d.retry.retry_traps),
             },
+            allow_hosts: self.allow_hosts()?,
         };
         let bad = |m: String| Err(ApiError::bad_request("bad_settings", m));
         if !(1..=24 * 3600 * 1000).contains(&s.limits.timeout_ms) {
@@ -183,10 +195,37 @@ impl DeployParams {
         check_retry(&s.retry)?;
         Ok(s)
     }
+
+    /// The allow-list, each entry checked and normalised, without duplicates.
+    fn allow_hosts(&self) -> Result<Vec<String>, ApiError> {
+        let mut out: Vec<String> = Vec::new();
+        for raw in self.allow_hosts.iter().flat_map(|l| l.split(',')) {
+            if raw.trim().is_empty() {
+                continue;
+            }
+            let host = wasq_sandbox::normalize_allow_host(raw)
+                .map_err(|e| ApiError::bad_request("bad_settings", e))?;
+            if !out.contains(&host) {
+                out.push(host);
+            }
+        }
+        if out.len() > wasq_sandbox::MAX_ALLOW_HOSTS {
+            return Err(ApiError::bad_request(
+                "bad_settings",
+                format!(
+                    "allow_hosts has {} entries, over the limit of {}",
+                    out.len(),
+                    wasq_sandbox::MAX_ALLOW_HOSTS
+                ),
+            ));
+        }
+        Ok(out)
+    }
 }
 
 async fn deploy(
     State(app): State<Arc<App>>,
+    scope: TenantScope,
     Path(name): Path<String>,
     params: Result<Query<DeployParams>, QueryRejection>,
     body: Bytes,
@@ -212,6 +251,12 @@ async fn deploy(
             "the request body is empty: send the component's bytes",
         ));
     }
+    let quotas = app
+        .directory
+        .tenant(&scope.tenant)
+        .await?
+        .map_or(app.config.default_quotas, |t| t.quotas);
+    check_quotas(&quotas, &settings, body.len())?;
     // Validation compiles the component under limits before anything is stored, so a
     // component that reaches the store (and a worker) is known to load.
     let digest = app
@@ -219,11 +264,11 @@ async fn deploy(
         .validate(&body)
         .await
         .map_err(|e| ApiError::bad_request("bad_component", e.to_string()))?;
-    let existed = app.store.function(DEFAULT_TENANT, &name).await?.is_some();
+    let existed = app.store.function(&scope.tenant, &name).await?.is_some();
     let function = app
         .store
         .deploy(DeployRequest {
-            tenant: DEFAULT_TENANT.into(),
+            tenant: scope.tenant.clone(),
             name,
             digest,
             component: body.to_vec(),
@@ -232,13 +277,58 @@ async fn deploy(
             schedule,
         })
         .await?;
-    tracing::info!(function = %function.name, digest = %function.digest, "deployed");
+    tracing::info!(tenant = %scope.tenant, function = %function.name, digest = %function.digest, "deployed");
+    crate::admin::audit(
+        &app,
+        &scope.tenant,
+        &scope.caller,
+        "deploy",
+        format!("{} {}", function.name, function.digest),
+    )
+    .await;
     let status = if existed {
         StatusCode::OK
     } else {
         StatusCode::CREATED
     };
     Ok((status, Json(function)).into_response())
+}
+
+/// The tenant's ceilings on what a function may ask for.
+fn check_quotas(q: &Quotas, settings: &FunctionSettings, size: usize) -> Result<(), ApiError> {
+    let quota = |status, message: String| ApiError {
+        status,
+        code: "quota_exceeded",
+        message,
+    };
+    if size as u64 > q.max_component_bytes {
+        return Err(quota(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the component is {size} bytes; this tenant may upload at most {}",
+                q.max_component_bytes
+            ),
+        ));
+    }
+    if settings.limits.fuel > q.max_fuel_per_run {
+        return Err(quota(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "fuel {} exceeds this tenant's ceiling of {} per run",
+                settings.limits.fuel, q.max_fuel_per_run
+            ),
+        ));
+    }
+    if settings.limits.memory_bytes > q.max_memory_per_run {
+        return Err(quota(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "memory_bytes {} exceeds this tenant's ceiling of {} per run",
+                settings.limits.memory_bytes, q.max_memory_per_run
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A function's schedule as `wasq cron list` shows it.
@@ -253,10 +343,13 @@ struct ScheduleView {
     next: Vec<i64>,
 }
 
-async fn list_schedules(State(app): State<Arc<App>>) -> Result<Json<Vec<ScheduleView>>, ApiError> {
+async fn list_schedules(
+    State(app): State<Arc<App>>,
+    scope: TenantScope,
+) -> Result<Json<Vec<ScheduleView>>, ApiError> {
     let now = SystemClock.now_ms();
     let mut out = vec![];
-    for f in app.store.functions(DEFAULT_TENANT).await? {
+    for f in app.store.functions(&scope.tenant).await? {
         let Some(s) = &f.schedule else { continue };
         for entry in crate::schedule::parse(s).unwrap_or_default() {
             out.push(ScheduleView {
@@ -279,9 +372,18 @@ async fn list_schedules(State(app): State<Arc<App>>) -> Result<Json<Vec<Schedule
 /// `pause`, `resume` or `run-now` (one run, now, outside the schedule).
 async fn schedule_action(
     State(app): State<Arc<App>>,
+    scope: TenantScope,
     Path((name, action)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    let f = function_or_404(&app, &name).await?;
+    let f = function_or_404(&app, &scope.tenant, &name).await?;
+    crate::admin::audit(
+        &app,
+        &scope.tenant,
+        &scope.caller,
+        &format!("schedule.{action}"),
+        name.clone(),
+    )
+    .await;
     let Some(mut schedule) = f.schedule.clone() else {
         return Err(ApiError {
             status: StatusCode::CONFLICT,
@@ -339,20 +441,24 @@ async fn schedule_action(
 
 async fn get_function(
     State(app): State<Arc<App>>,
+    scope: TenantScope,
     Path(name): Path<String>,
 ) -> Result<Json<Function>, ApiError> {
-    function_or_404(&app, &name).await.map(Json)
+    function_or_404(&app, &scope.tenant, &name).await.map(Json)
 }
 
-async fn function_or_404(app: &App, name: &str) -> Result<Function, ApiError> {
+async fn function_or_404(app: &App, tenant: &str, name: &str) -> Result<Function, ApiError> {
     app.store
-        .function(DEFAULT_TENANT, name)
+        .function(tenant, name)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("function {name:?} not found")))
 }
 
-async fn list_functions(State(app): State<Arc<App>>) -> Result<Json<Vec<Function>>, ApiError> {
-    Ok(Json(app.store.functions(DEFAULT_TENANT).await?))
+async fn list_functions(
+    State(app): State<Arc<App>>,
+    scope: TenantScope,
+) -> Result<Json<Vec<Function>>, ApiError> {
+    Ok(Json(app.store.functions(&scope.tenant).await?))
 }
 
 /// Per-run overrides, query parameters of `POST /v1/functions/{name}/runs`.
@@ -416,6 +522,7 @@ fn check_retry(p: &RetryPolicy) -> Result<(), ApiError> {
 
 async fn create_run(
     State(app): State<Arc<App>>,
+    scope: TenantScope,
     Path(name): Path<String>,
     params: Result<Query<RunParams>, QueryRejection>,
     headers: HeaderMap,
@@ -468,7 +575,7 @@ async fn create_run(
         }
     };
     let retry = if params.overrides_retry() {
-        let f = function_or_404(&app, &name).await?;
+        let f = function_or_404(&app, &scope.tenant, &name).await?;
         Some(params.retry(f.settings.retry)?)
     } else {
         None
@@ -476,7 +583,7 @@ async fn create_run(
     let Enqueued { run, created } = app
         .store
         .enqueue(EnqueueRequest {
-            tenant: DEFAULT_TENANT.into(),
+            tenant: scope.tenant.clone(),
             function: name,
             input,
             trigger: "api".into(),
@@ -551,7 +658,11 @@ struct EventBody {
     id: Option<String>,
 }
 
-async fn send_event(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+async fn send_event(
+    State(app): State<Arc<App>>,
+    scope: TenantScope,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let event: EventBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(
             "bad_event",
@@ -572,7 +683,7 @@ async fn send_event(State(app): State<Arc<App>>, body: Bytes) -> Result<Response
     let sent = app
         .store
         .send_event(EventRequest {
-            tenant: DEFAULT_TENANT.into(),
+            tenant: scope.tenant.clone(),
             name: event.name,
             data: event.data,
             id: event.id,
@@ -594,24 +705,26 @@ struct CancelParams {
 
 async fn cancel_run(
     State(app): State<Arc<App>>,
+    scope: TenantScope,
     Path(id): Path<String>,
     params: Result<Query<CancelParams>, QueryRejection>,
 ) -> Result<Json<Run>, ApiError> {
     let cascade = query(params)?.cascade;
-    let run = cancel_one(&app, &id).await?;
+    let run = cancel_one(&app, &scope.tenant, &id).await?;
+    crate::admin::audit(&app, &scope.tenant, &scope.caller, "run.cancel", id.clone()).await;
     if cascade {
         // Depth first over the run's descendants; those already ended are left alone.
         let mut parents = vec![run.id.clone()];
         while let Some(parent) = parents.pop() {
             let q = RunQuery {
-                tenant: DEFAULT_TENANT.into(),
+                tenant: scope.tenant.clone(),
                 parent: Some(parent),
                 limit: 1000,
                 ..RunQuery::default()
             };
             for child in app.store.runs(q).await? {
                 if !child.status.is_terminal() {
-                    match cancel_one(&app, &child.id).await {
+                    match cancel_one(&app, &scope.tenant, &child.id).await {
                         Ok(_)
                         | Err(ApiError {
                             code: "conflict", ..
@@ -626,8 +739,8 @@ async fn cancel_run(
     Ok(Json(run))
 }
 
-async fn cancel_one(app: &App, id: &str) -> Result<Run, ApiError> {
-    let run = app.store.cancel(DEFAULT_TENANT, id).await?;
+async fn cancel_one(app: &App, tenant: &str, id: &str) -> Result<Run, ApiError> {
+    let run = app.store.cancel(tenant, id).await?;
     if run.status == RunStatus::Running {
         // Ours: interrupt it now. Another process's: it learns at its next lease renewal.
         app.in_flight.cancel(&run.id);
@@ -637,9 +750,11 @@ async fn cancel_one(app: &App, id: &str) -> Result<Run, ApiError> {
 
 async fn retry_run(
     State(app): State<Arc<App>>,
+    scope: TenantScope,
     Path(id): Path<String>,
 ) -> Result<Json<Run>, ApiError> {
-    let run = app.store.retry(DEFAULT_TENANT, &id).await?;
+    let run = app.store.retry(&scope.tenant, &id).await?;
+    crate::admin::audit(&app, &scope.tenant, &scope.caller, "run.retry", id.clone()).await;
     app.wake.notify_one();
     Ok(Json(run))
 }
@@ -656,6 +771,7 @@ struct ListParams {
 
 async fn list_runs(
     State(app): State<Arc<App>>,
+    scope: TenantScope,
     params: Result<Query<ListParams>, QueryRejection>,
 ) -> Result<Json<Vec<Run>>, ApiError> {
     let p = query(params)?;
@@ -672,7 +788,7 @@ async fn list_runs(
         ));
     }
     let q = RunQuery {
-        tenant: DEFAULT_TENANT.into(),
+        tenant: scope.tenant.clone(),
         function: p.function,
         status,
         parent: p.parent,
@@ -693,14 +809,15 @@ const LOGS_IN_RUN_VIEW: usize = 1000;
 
 async fn get_run(
     State(app): State<Arc<App>>,
+    scope: TenantScope,
     Path(id): Path<String>,
 ) -> Result<Json<RunView>, ApiError> {
     let detail = app
         .store
-        .run(DEFAULT_TENANT, &id)
+        .run(&scope.tenant, &id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("run {id:?} not found")))?;
-    let mut logs = app.store.logs(DEFAULT_TENANT, &id, 0).await?;
+    let mut logs = app.store.logs(&scope.tenant, &id, 0).await?;
     logs.truncate(LOGS_IN_RUN_VIEW);
     Ok(Json(RunView { detail, logs }))
 }
@@ -713,12 +830,13 @@ struct LogParams {
 
 async fn get_logs(
     State(app): State<Arc<App>>,
+    scope: TenantScope,
     Path(id): Path<String>,
     params: Result<Query<LogParams>, QueryRejection>,
 ) -> Result<Json<Vec<LogLine>>, ApiError> {
     let skip = query(params)?.skip.unwrap_or(0);
-    if app.store.run(DEFAULT_TENANT, &id).await?.is_none() {
+    if app.store.run(&scope.tenant, &id).await?.is_none() {
         return Err(ApiError::not_found(format!("run {id:?} not found")));
     }
-    Ok(Json(app.store.logs(DEFAULT_TENANT, &id, skip).await?))
+    Ok(Json(app.store.logs(&scope.tenant, &id, skip).await?))
 }

@@ -2,15 +2,22 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use wasq_core::Quotas;
 use wasq_sandbox::SandboxConfig;
 
 /// Everything a daemon needs; the CLI builds it from flags and environment.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Where the HTTP API listens; port 0 picks a free one (see [`crate::Running::addr`]).
-    pub listen: SocketAddr,
-    /// Holds the SQLite database and the compiled-component cache.
+    /// `None` serves no API (a `wasq worker`).
+    pub listen: Option<SocketAddr>,
+    /// Which queue backend holds functions and runs.
+    pub store: StoreBackend,
+    /// Holds the SQLite database (embedded store) and the compiled-component cache.
     pub data_dir: PathBuf,
+    /// Runs the cron scheduler and the retention purge in this process. Several processes
+    /// may do so on one shared store: cron ticks are deduplicated by the store.
+    pub scheduler: bool,
     /// Attempts run at once by this process; 0 runs no worker (API only).
     pub concurrency: usize,
     /// How long a claimed run stays leased without renewal; renewed every third of it.
@@ -27,13 +34,42 @@ pub struct Config {
     pub failure_ttl: Option<Duration>,
     /// How often ended runs past their retention are deleted.
     pub purge_interval: Duration,
+    pub auth: AuthConfig,
+    /// Quotas of tenants created without explicit ones.
+    pub default_quotas: Quotas,
+}
+
+/// API keys and the operator key.
+#[derive(Clone, Default)]
+pub struct AuthConfig {
+    /// The HMAC secret of API keys; servers sharing a store must share it. `None`: read
+    /// `secret` from the data folder, creating it on first start (single-node use).
+    pub secret: Option<Vec<u8>>,
+    /// The operator key, which manages tenants and keys. `None`: read `admin.key` from
+    /// the data folder, creating it on first start.
+    pub admin_key: Option<String>,
+    /// At start, make sure the `default` tenant exists and has a key, written to
+    /// `dev.key` in the data folder (`wasq dev`: the tour needs no set-up).
+    pub dev_tenant: bool,
+}
+
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthConfig")
+            .field("secret", &self.secret.as_ref().map(|_| "…"))
+            .field("admin_key", &self.admin_key.as_ref().map(|_| "…"))
+            .field("dev_tenant", &self.dev_tenant)
+            .finish()
+    }
 }
 
 impl Config {
     /// Defaults for `wasq dev`: loopback, data in `data_dir`.
     pub fn dev(data_dir: PathBuf) -> Self {
         Config {
-            listen: SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT)),
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT))),
+            store: StoreBackend::Sqlite,
+            scheduler: true,
             sandbox: SandboxConfig {
                 cache_dir: Some(data_dir.join("cache")),
                 ..SandboxConfig::default()
@@ -48,8 +84,23 @@ impl Config {
             result_ttl: Some(Duration::from_secs(7 * 24 * 3600)),
             failure_ttl: Some(Duration::from_secs(30 * 24 * 3600)),
             purge_interval: Duration::from_secs(60),
+            auth: AuthConfig {
+                dev_tenant: true,
+                ..AuthConfig::default()
+            },
+            default_quotas: Quotas::default(),
         }
     }
+}
+
+/// The queue backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreBackend {
+    /// The embedded store: `wasq.db` in the data folder, one process at a time.
+    Sqlite,
+    /// A Redis shared by any number of processes: `redis://host:port[/db]` or
+    /// `redis+cluster://host:port,host:port,...`.
+    Redis(String),
 }
 
 pub const DEFAULT_PORT: u16 = 7070;

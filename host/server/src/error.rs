@@ -20,6 +20,8 @@ pub enum ServerError {
     DataDirInUse(std::path::PathBuf),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("cannot use Redis at {target}: {source}")]
+    Redis { target: String, source: StoreError },
     #[error("sandbox: {0}")]
     Sandbox(#[from] wasq_sandbox::SandboxError),
     #[error("HTTP server failed: {0}")]

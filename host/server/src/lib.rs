@@ -11,7 +11,9 @@
 //! wasmtime only through `wasq_sandbox`, so backends and the sandbox change without
 //! touching the loop. This crate is not a client: the CLI's client verbs speak HTTP.
 
+mod admin;
 mod api;
+mod auth;
 mod config;
 mod error;
 mod schedule;
@@ -22,12 +24,13 @@ use std::sync::Arc;
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use wasq_core::{Store, SystemClock};
+use wasq_core::{Directory, Store, SystemClock};
 use wasq_sandbox::{Sandbox, SandboxConfig};
+use wasq_store_redis::RedisStore;
 use wasq_store_sqlite::SqliteStore;
 
 pub use api::DeployParams;
-pub use config::{Config, DEFAULT_PORT};
+pub use config::{Config, DEFAULT_PORT, StoreBackend};
 pub use error::{ApiError, ServerError};
 
 /// The smallest memory limit a function may ask for: below it even a small guest's
@@ -38,6 +41,9 @@ pub const MAX_MEMORY_FLOOR: u64 = 1 << 20;
 pub(crate) struct App {
     pub config: Config,
     pub store: Arc<dyn Store>,
+    /// Tenants and keys; the same backend as `store`.
+    pub directory: Arc<dyn Directory>,
+    pub keyring: auth::Keyring,
     pub sandbox: Sandbox,
     pub sandbox_config: SandboxConfig,
     /// Wakes an idle worker when a run is created in this process.
@@ -47,15 +53,20 @@ pub(crate) struct App {
     /// Runs that ended in this process, for requests waiting on them.
     pub finished: tokio::sync::broadcast::Sender<wasq_core::RunId>,
     pub worker_id: String,
-    /// Held for the daemon's life: one daemon per data folder.
-    _lock: std::fs::File,
+    /// Held for the daemon's life: one daemon per data folder (embedded store only).
+    _lock: Option<std::fs::File>,
 }
 
 /// A started daemon.
 #[derive(Debug)]
 pub struct Running {
-    /// Where the API listens (the real port when the config asked for port 0).
-    pub addr: SocketAddr,
+    /// Where the API listens (the real port when the config asked for port 0); `None`
+    /// when the config serves no API.
+    pub addr: Option<SocketAddr>,
+    /// The `default` tenant's key, when the config asked for it (`wasq dev`).
+    pub dev_key: Option<String>,
+    /// The operator key in force.
+    pub admin_key: String,
     task: tokio::task::JoinHandle<Result<(), ServerError>>,
 }
 
@@ -80,29 +91,28 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         path: dir.clone(),
         source,
     })?;
-    let lock = lock_data_dir(dir)?;
-    let store = SqliteStore::open(&dir.join("wasq.db"), Arc::new(SystemClock))?;
-    // We hold the folder alone, so any run still leased was leased by a process that died.
-    let abandoned = store.expire_all_leases().await?;
-    if abandoned > 0 {
-        tracing::warn!(
-            runs = abandoned,
-            "recovering runs left running by a previous process"
-        );
-    }
+    let (store, directory, lock) = open_store(&config).await?;
+    let (keyring, admin_key) = keyring(&config)?;
     let sandbox = Sandbox::new(config.sandbox.clone())?;
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| ServerError::Listen {
-            addr: config.listen,
-            source,
-        })?;
-    let addr = listener.local_addr().map_err(ServerError::Serve)?;
+    let listener = match config.listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServerError::Listen { addr, source })?,
+        ),
+        None => None,
+    };
+    let addr = match &listener {
+        Some(l) => Some(l.local_addr().map_err(ServerError::Serve)?),
+        None => None,
+    };
     let app = Arc::new(App {
         sandbox_config: config.sandbox.clone(),
         worker_id: format!("{}-{}", hostname(), std::process::id()),
         config,
-        store: Arc::new(store),
+        store,
+        directory,
+        keyring,
         sandbox,
         wake: Notify::new(),
         in_flight: worker::InFlight::default(),
@@ -110,26 +120,176 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         _lock: lock,
     });
 
+    let dev_key = if app.config.auth.dev_tenant {
+        Some(dev_tenant_key(&app).await?)
+    } else {
+        None
+    };
+
     let task = tokio::spawn(async move {
         let worker = (app.config.concurrency > 0)
             .then(|| tokio::spawn(worker::run(app.clone(), shutdown.clone())));
-        let janitor = tokio::spawn(purge_expired(app.clone(), shutdown.clone()));
-        let cron = tokio::spawn(schedule::run(app.clone(), shutdown.clone()));
-        let router = api::router(app.clone());
-        let api_shutdown = shutdown.clone();
-        let serve = axum::serve(listener, router)
-            .with_graceful_shutdown(async move { api_shutdown.cancelled().await });
-        tracing::info!(%addr, "API listening");
-        let served = serve.await.map_err(ServerError::Serve);
+        let scheduler = app.config.scheduler.then(|| {
+            (
+                tokio::spawn(purge_expired(app.clone(), shutdown.clone())),
+                tokio::spawn(schedule::run(app.clone(), shutdown.clone())),
+            )
+        });
+        let served = match listener {
+            Some(listener) => {
+                let router = api::router(app.clone());
+                let api_shutdown = shutdown.clone();
+                let serve = axum::serve(listener, router)
+                    .with_graceful_shutdown(async move { api_shutdown.cancelled().await });
+                if let Some(addr) = addr {
+                    tracing::info!(%addr, "API listening");
+                }
+                serve.await.map_err(ServerError::Serve)
+            }
+            None => {
+                shutdown.cancelled().await;
+                Ok(())
+            }
+        };
         if let Some(w) = worker {
             let _ = w.await;
         }
-        let _ = janitor.await;
-        let _ = cron.await;
+        if let Some((janitor, cron)) = scheduler {
+            let _ = janitor.await;
+            let _ = cron.await;
+        }
         tracing::info!("stopped");
         served
     });
-    Ok(Running { addr, task })
+    Ok(Running {
+        addr,
+        dev_key,
+        admin_key,
+        task,
+    })
+}
+
+/// Opens the configured backend. The embedded store takes the data folder's lock and
+/// recovers runs a dead predecessor left leased; Redis is shared, so neither applies there
+/// (expired leases are reclaimed by whichever worker claims next).
+type Opened = (Arc<dyn Store>, Arc<dyn Directory>, Option<std::fs::File>);
+
+async fn open_store(config: &Config) -> Result<Opened, ServerError> {
+    match &config.store {
+        StoreBackend::Sqlite => {
+            let dir = &config.data_dir;
+            let lock = lock_data_dir(dir)?;
+            let store = SqliteStore::open(&dir.join("wasq.db"), Arc::new(SystemClock))?;
+            // We hold the folder alone, so any run still leased was leased by a process
+            // that died.
+            let abandoned = store.expire_all_leases().await?;
+            if abandoned > 0 {
+                tracing::warn!(
+                    runs = abandoned,
+                    "recovering runs left running by a previous process"
+                );
+            }
+            let store = Arc::new(store);
+            Ok((store.clone(), store, Some(lock)))
+        }
+        StoreBackend::Redis(target) => {
+            let store = RedisStore::connect(target, Arc::new(SystemClock))
+                .await
+                .map_err(|e| ServerError::Redis {
+                    target: target.clone(),
+                    source: e,
+                })?;
+            for warning in store.startup_warnings().await {
+                tracing::warn!("{warning}");
+            }
+            let store = Arc::new(store);
+            Ok((store.clone(), store, None))
+        }
+    }
+}
+
+/// The HMAC secret and the operator key: from the config, else from files in the data
+/// folder, created (mode 0600) on first start.
+fn keyring(config: &Config) -> Result<(auth::Keyring, String), ServerError> {
+    let secret = match &config.auth.secret {
+        Some(s) => s.clone(),
+        None => read_or_create(&config.data_dir.join("secret"), || {
+            hex::encode(auth::random_bytes::<32>())
+        })?
+        .into_bytes(),
+    };
+    let admin = match &config.auth.admin_key {
+        Some(k) => k.clone(),
+        None => read_or_create(&config.data_dir.join("admin.key"), || {
+            format!("wasq_admin_{}", hex::encode(auth::random_bytes::<16>()))
+        })?,
+    };
+    Ok((auth::Keyring::new(&secret, Some(&admin)), admin))
+}
+
+fn read_or_create(
+    path: &std::path::Path,
+    make: impl FnOnce() -> String,
+) -> Result<String, ServerError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let err = |source| ServerError::DataDir {
+        path: path.to_path_buf(),
+        source,
+    };
+    match std::fs::read_to_string(path) {
+        Ok(s) if !s.trim().is_empty() => return Ok(s.trim().to_owned()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
+    let value = make();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(err)?;
+    f.write_all(value.as_bytes()).map_err(err)?;
+    Ok(value)
+}
+
+/// Makes sure the `default` tenant exists and `dev.key` in the data folder holds a valid
+/// key of it (a new one if the file is missing, or its key unknown or revoked).
+async fn dev_tenant_key(app: &App) -> Result<String, ServerError> {
+    use wasq_core::{DEFAULT_TENANT, StoreError, Tenant};
+    let tenant = DEFAULT_TENANT;
+    match app
+        .directory
+        .create_tenant(Tenant {
+            name: tenant.into(),
+            created_at: wasq_core::Clock::now_ms(&SystemClock),
+            quotas: app.config.default_quotas,
+        })
+        .await
+    {
+        Ok(_) | Err(StoreError::Conflict(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let path = app.config.data_dir.join("dev.key");
+    if let Ok(key) = std::fs::read_to_string(&path) {
+        let key = key.trim();
+        if let Some(id) = auth::key_id(key)
+            && let Some(stored) = app.directory.key(id).await?
+            && stored.tenant == tenant
+            && stored.revoked_at.is_none()
+            && app.keyring.matches(key, &stored.hmac)
+        {
+            return Ok(key.to_owned());
+        }
+    }
+    let (key, _) = admin::new_key(app, tenant, "wasq dev".into())
+        .await
+        .map_err(|e| ServerError::Store(wasq_core::StoreError::Internal(e.message)))?;
+    let _ = std::fs::remove_file(&path);
+    read_or_create(&path, || key.clone())?;
+    Ok(key)
 }
 
 /// Deletes ended runs past their retention (`result_ttl`, `failure_ttl`), in batches.

@@ -100,8 +100,8 @@ impl Entry {
 
 /// Starts a run for every tick of every active schedule, once a second, until shutdown.
 pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
-    // Per (function, expression): ticks up to here are done.
-    let mut done: HashMap<(String, String), Millis> = HashMap::new();
+    // Per (tenant, function, expression): ticks up to here are done.
+    let mut done: HashMap<(String, String, String), Millis> = HashMap::new();
     loop {
         let now = SystemClock.now_ms();
         if let Err(e) = pass(&app, &mut done, now).await {
@@ -116,10 +116,14 @@ pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
 
 async fn pass(
     app: &App,
-    done: &mut HashMap<(String, String), Millis>,
+    done: &mut HashMap<(String, String, String), Millis>,
     now: Millis,
 ) -> Result<(), StoreError> {
-    for f in app.store.functions(DEFAULT_TENANT).await? {
+    let mut functions = Vec::new();
+    for tenant in app.directory.tenants().await? {
+        functions.extend(app.store.functions(&tenant.name).await?);
+    }
+    for f in functions {
         let Some(schedule) = f.schedule.as_ref().filter(|s| !s.paused) else {
             continue;
         };
@@ -127,7 +131,7 @@ async fn pass(
             continue;
         };
         for entry in entries {
-            let key = (f.name.clone(), entry.expr.clone());
+            let key = (f.tenant.clone(), f.name.clone(), entry.expr.clone());
             // First sight (start-up or a new deploy): nothing before now, except the latest
             // missed tick when the schedule asks for it (its key dedups it if it did fire).
             let after = *done

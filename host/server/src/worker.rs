@@ -77,7 +77,15 @@ pub async fn run(app: Arc<App>, shutdown: CancellationToken) {
             drop(first);
             tokio::select! {
                 _ = app.wake.notified() => {}
-                _ = tokio::time::sleep(app.config.poll_interval) => {}
+                r = app.store.wait_for_work(app.config.poll_interval) => {
+                    if let Err(e) = r {
+                        tracing::debug!(error = %e, "waiting for work failed");
+                        tokio::select! {
+                            _ = tokio::time::sleep(app.config.poll_interval) => {}
+                            _ = shutdown.cancelled() => {}
+                        }
+                    }
+                }
                 _ = shutdown.cancelled() => {}
             }
             continue;
@@ -330,6 +338,30 @@ where
     f().await
 }
 
+/// Records the end of an attempt, retrying through a store outage for as long as the lease
+/// could still be ours: a Redis restart shorter than the lease then costs no re-execution.
+async fn finish_while_leased(
+    app: &App,
+    lease: &Lease,
+    outcome: &Outcome,
+) -> Result<wasq_core::Run, StoreError> {
+    // Renewals kept the lease alive until about now; one lease length later it has surely
+    // expired and another worker may hold the run, so retrying longer is pointless (the
+    // store's fence rejects a stale finish either way).
+    let until = SystemClock.now_ms() + app.config.lease.as_millis() as i64;
+    let mut delay = Duration::from_millis(50);
+    loop {
+        match app.store.finish(lease, outcome.clone()).await {
+            Err(e) if e.is_retryable() && SystemClock.now_ms() < until => {
+                tracing::warn!(error = %e, "recording the end of the attempt failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+            other => return other,
+        }
+    }
+}
+
 fn host_line(attempt: u32, level: LogLevel, message: String) -> LogLine {
     LogLine {
         attempt,
@@ -375,6 +407,7 @@ async fn attempt(
                 steps,
                 journal: journal.clone(),
                 cancel: cancel.clone(),
+                allow_hosts: run.settings.allow_hosts.clone(),
             };
             app.sandbox.run(spec).await
         }
@@ -437,7 +470,7 @@ async fn attempt(
     };
     journal.close();
     let _ = flusher.await;
-    match with_retries(|| app.store.finish(&lease, outcome.clone())).await {
+    match finish_while_leased(app, &lease, &outcome).await {
         Ok(run) => {
             tracing::debug!(status = %run.status, "attempt recorded");
             // Its end may have resumed a run waiting for it, or it may be due again now.

@@ -17,6 +17,8 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 use wasq_core::*;
 
+mod directory;
+
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS components (
     digest     TEXT PRIMARY KEY,
@@ -153,6 +155,7 @@ impl SqliteStore {
         conn.busy_timeout(std::time::Duration::from_secs(10))
             .map_err(internal)?;
         conn.execute_batch(SCHEMA).map_err(internal)?;
+        conn.execute_batch(directory::SCHEMA).map_err(internal)?;
         Ok(SqliteStore {
             conn: Arc::new(Mutex::new(conn)),
             clock,
@@ -737,7 +740,7 @@ impl Store for SqliteStore {
                 )
                 .map_err(internal)?;
                 let steps = load_steps(tx, &id)?;
-                claimed.push(Claimed { lease: Lease { run_id: id, token, expires_at }, run, steps });
+                claimed.push(Claimed { lease: Lease { tenant: run.tenant.clone(), run_id: id, token, expires_at }, run, steps });
             }
             Ok(claimed)
         })
@@ -798,6 +801,13 @@ impl Store for SqliteStore {
         let lease = lease.clone();
         self.tx(move |tx, now| {
             let Leased { run, resumed, cancel_requested } = check_lease(tx, &lease)?;
+            match &outcome {
+                Outcome::Succeeded { fuel_used, .. } | Outcome::Failed { fuel_used, .. } => {
+                    directory::add_usage(tx, &run.tenant, *fuel_used)?
+                }
+                Outcome::Waiting(_) | Outcome::Suspended { .. } => directory::add_usage(tx, &run.tenant, None)?,
+                Outcome::Released => {}
+            }
             if cancel_requested && !matches!(outcome, Outcome::Succeeded { .. }) {
                 let (error, fuel_used) = match &outcome {
                     Outcome::Failed { error, fuel_used, .. } => (Some(error), *fuel_used),

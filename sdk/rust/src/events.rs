@@ -33,12 +33,16 @@ pub fn wait_for<T: DeserializeOwned>(
     timeout: Option<Duration>,
 ) -> Result<Option<T>, Error> {
     let filter = filter.map(|f| f.to_string());
-    let millis = timeout.map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1));
+    let millis = timeout.map_or(0, |t| {
+        u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1)
+    });
     match wit::wait_for_event(name, event, filter.as_deref(), millis) {
         None => Ok(None),
-        Some(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| Error::fatal(format!("event {event:?} data does not fit the expected type: {e}"))),
+        Some(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            Error::fatal(format!(
+                "event {event:?} data does not fit the expected type: {e}"
+            ))
+        }),
     }
 }
 

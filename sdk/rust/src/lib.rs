@@ -53,8 +53,9 @@
 //! # What this crate is not
 //!
 //! - Not an async runtime: handlers and steps are plain synchronous functions.
-//! - Not a way to reach the outside world: the host grants no files, environment variables or
-//!   sockets; a job can do what this crate offers, plus what `std` gets from WASI: clocks,
+//! - Not a way to reach the outside world at large: the host grants no files, environment
+//!   variables or sockets; a job can do what this crate offers — including outbound HTTP
+//!   ([`http`]) to the hosts its deploy allows — plus what `std` gets from WASI: clocks,
 //!   random numbers, stdout and stderr.
 //! - Not a workflow engine of its own: durable sleep ([`step::sleep`]), events
 //!   ([`events`]) and child runs ([`runs`]) are host features; the SDK only names them.
@@ -79,6 +80,7 @@
 pub mod context;
 mod error;
 pub mod events;
+pub mod http;
 pub mod log;
 pub mod progress;
 pub mod runs;

@@ -11,10 +11,16 @@ fn input_bytes<I: Serialize>(input: &I) -> Result<Vec<u8>, Error> {
     serde_json::to_vec(input).map_err(|e| Error::fatal(format!("child input: {e}")))
 }
 
-fn output<O: DeserializeOwned>(function: &str, result: Result<Vec<u8>, String>) -> Result<O, Error> {
+fn output<O: DeserializeOwned>(
+    function: &str,
+    result: Result<Vec<u8>, String>,
+) -> Result<O, Error> {
     match result {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| Error::fatal(format!("output of {function} does not fit the expected type: {e}"))),
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+            Error::fatal(format!(
+                "output of {function} does not fit the expected type: {e}"
+            ))
+        }),
         // A child that failed for good is this run's failure; retrying it would not help.
         Err(message) => Err(Error::fatal(format!("{function} failed: {message}"))),
     }
@@ -29,7 +35,11 @@ pub fn invoke<I: Serialize>(name: &str, function: &str, input: &I) -> Result<Str
 
 /// Starts `function` and suspends this run until it ends; returns its output. A child
 /// that fails or is cancelled is a fatal error here.
-pub fn call<I: Serialize, O: DeserializeOwned>(name: &str, function: &str, input: &I) -> Result<O, Error> {
+pub fn call<I: Serialize, O: DeserializeOwned>(
+    name: &str,
+    function: &str,
+    input: &I,
+) -> Result<O, Error> {
     output(function, wit::call(name, function, &input_bytes(input)?))
 }
 

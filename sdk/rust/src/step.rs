@@ -66,7 +66,10 @@ where
 /// # }
 /// ```
 pub fn sleep(name: &str, duration: std::time::Duration) {
-    wit::sleep(name, u64::try_from(duration.as_millis()).unwrap_or(u64::MAX));
+    wit::sleep(
+        name,
+        u64::try_from(duration.as_millis()).unwrap_or(u64::MAX),
+    );
 }
 
 /// Durable sleep until a wall-clock time (`SystemTime`); see [`sleep`].

@@ -1,0 +1,159 @@
+//! No-op runs through Redis, wasq beside BullMQ on the same `redis-server` in the same run.
+//!
+//! Both sides first enqueue N jobs, then one worker at concurrency 50 drains them; the
+//! figure is drain throughput (jobs/s), and the enqueue rate is printed too. wasq's worker
+//! is the real daemon (`wasq worker` code path: no API, Redis store, sandbox per run); each
+//! run instantiates the `echo` component in a fresh wasmtime store. BullMQ's is
+//! `bench/bullmq/drain.mjs` (bullmq from npm, installed with `npm ci` on first use).
+//!
+//! `cargo bench -p wasq-bench --bench redis` (N defaults to 20000; `WASQ_BENCH_N` sets it).
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use wasq_core::{DEFAULT_TENANT, EnqueueRequest, RunQuery, RunStatus, Store, SystemClock};
+use wasq_server::StoreBackend;
+use wasq_store_redis::RedisStore;
+use wasq_store_redis::testing::{RedisOptions, RedisServer};
+
+const CONCURRENCY: usize = 50;
+
+async fn active(store: &RedisStore) -> bool {
+    for status in [RunStatus::Queued, RunStatus::Running] {
+        let q = RunQuery {
+            tenant: DEFAULT_TENANT.into(),
+            function: None,
+            status: Some(status),
+            parent: None,
+            limit: 1,
+        };
+        if !store.runs(q).await.unwrap().is_empty() {
+            return true;
+        }
+    }
+    false
+}
+
+async fn wasq(url: &str, n: usize) -> (f64, f64) {
+    let dir = tempfile::tempdir().unwrap();
+    let shutdown = CancellationToken::new();
+
+    // The API process deploys the function; it executes nothing.
+    let mut config = wasq_tests::test_config(dir.path().join("server"));
+    config.store = StoreBackend::Redis(url.into());
+    config.concurrency = 0;
+    let server = wasq_server::start(config, shutdown.clone()).await.unwrap();
+    let api = wasq_tests::Api::new(server.addr.unwrap());
+    api.deploy("noop", wasq_tests::guest("echo"), "").await;
+
+    let store = Arc::new(
+        RedisStore::connect(url, Arc::new(SystemClock))
+            .await
+            .unwrap(),
+    );
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..CONCURRENCY {
+        let store = store.clone();
+        tasks.spawn(async move {
+            for i in (t..n).step_by(CONCURRENCY) {
+                let req = EnqueueRequest {
+                    tenant: DEFAULT_TENANT.into(),
+                    function: "noop".into(),
+                    input: format!(r#"{{"i":{i}}}"#).into_bytes(),
+                    trigger: "bench".into(),
+                    due_at: None,
+                    idempotency_key: None,
+                    retry: None,
+                    parent: None,
+                };
+                store.enqueue(req).await.unwrap();
+            }
+        });
+    }
+    tasks.join_all().await;
+    let enqueue = start.elapsed();
+
+    let mut config = wasq_tests::test_config(dir.path().join("worker"));
+    config.store = StoreBackend::Redis(url.into());
+    config.listen = None;
+    config.scheduler = false;
+    config.concurrency = CONCURRENCY;
+    config.sandbox.max_instances = CONCURRENCY as u32 * 2;
+    let start = Instant::now();
+    let worker = wasq_server::start(config, shutdown.clone()).await.unwrap();
+    while active(&store).await {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let drain = start.elapsed();
+    shutdown.cancel();
+    let _ = worker.wait().await;
+    let _ = server.wait().await;
+    let per_sec = n as f64 / drain.as_secs_f64();
+    println!(
+        "{{\"system\":\"wasq\",\"n\":{n},\"concurrency\":{CONCURRENCY},\"enqueue_ms\":{:.1},\"drain_ms\":{:.1},\"per_sec\":{per_sec:.0}}}",
+        enqueue.as_secs_f64() * 1e3,
+        drain.as_secs_f64() * 1e3
+    );
+    (n as f64 / enqueue.as_secs_f64(), per_sec)
+}
+
+fn bullmq(port: u16, n: usize) -> (f64, f64) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("bullmq");
+    if !dir.join("node_modules/bullmq").exists() {
+        let ok = Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund"])
+            .current_dir(&dir)
+            .status()
+            .expect("npm (Node.js) is needed for the BullMQ side");
+        assert!(ok.success(), "npm ci failed in {}", dir.display());
+    }
+    let out = Command::new("node")
+        .arg("drain.mjs")
+        .args([port.to_string(), n.to_string(), CONCURRENCY.to_string()])
+        .current_dir(&dir)
+        .output()
+        .expect("node runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = String::from_utf8_lossy(&out.stdout);
+    println!("{}", line.trim());
+    let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+    let enqueue_per_sec = n as f64 * 1e3 / v["enqueue_ms"].as_f64().unwrap();
+    (enqueue_per_sec, v["per_sec"].as_f64().unwrap())
+}
+
+fn main() {
+    let n: usize = std::env::var("WASQ_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
+    // Same server, same settings for both: no AOF, so neither side waits on the disk.
+    let redis = RedisServer::start(RedisOptions::default());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (wq_enqueue, wq_drain) = rt.block_on(wasq(&redis.url(), n));
+    let (bm_enqueue, bm_drain) = bullmq(redis.port(), n);
+    println!(
+        "no-op runs through one Redis, one worker at concurrency {CONCURRENCY}, {n} jobs, {} cores:",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    );
+    println!(
+        "  drain:   wasq {wq_drain:.0}/s, BullMQ {bm_drain:.0}/s, ratio {:.2}",
+        wq_drain / bm_drain
+    );
+    println!(
+        "  enqueue: wasq {wq_enqueue:.0}/s (one enqueue per call, 50 in flight), BullMQ {bm_enqueue:.0}/s (addBulk of 1000), ratio {:.2}",
+        wq_enqueue / bm_enqueue
+    );
+}

@@ -1,0 +1,302 @@
+//! Tenants, keys, usage and the audit trail over HTTP. The operator key manages every
+//! tenant; a tenant's key sees and manages only its own tenant (another tenant answers
+//! 404, as if it did not exist).
+
+use std::sync::Arc;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Extension, Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use wasq_core::clock::Millis;
+use wasq_core::*;
+
+use crate::App;
+use crate::auth::{Caller, generate_key};
+use crate::error::ApiError;
+
+pub fn routes() -> Router<Arc<App>> {
+    Router::new()
+        .route("/v1/tenants", post(create_tenant).get(list_tenants))
+        .route("/v1/tenants/{tenant}", get(get_tenant))
+        .route("/v1/tenants/{tenant}/quotas", put(set_quotas))
+        .route("/v1/tenants/{tenant}/keys", post(create_key).get(list_keys))
+        .route("/v1/tenants/{tenant}/keys/{id}/revoke", post(revoke_key))
+        .route("/v1/audit", get(audit_log))
+}
+
+/// Appends to the audit trail; a failure is logged (the action itself already happened).
+pub(crate) async fn audit(app: &App, tenant: &str, caller: &Caller, action: &str, target: String) {
+    let entry = AuditEntry {
+        at: SystemClock.now_ms(),
+        tenant: tenant.to_owned(),
+        actor: caller.actor(),
+        action: action.to_owned(),
+        target,
+    };
+    if let Err(e) = app.directory.audit(entry).await {
+        tracing::error!(error = %e, tenant, action, "could not write the audit trail");
+    }
+}
+
+fn forbidden() -> ApiError {
+    ApiError {
+        status: StatusCode::FORBIDDEN,
+        code: "forbidden",
+        message: "this route needs the operator key".into(),
+    }
+}
+
+fn admin_only(caller: &Caller) -> Result<(), ApiError> {
+    match caller {
+        Caller::Admin => Ok(()),
+        Caller::Tenant { .. } => Err(forbidden()),
+    }
+}
+
+/// The operator may act on any tenant; a tenant only on itself (others do not exist).
+async fn tenant_for(app: &App, caller: &Caller, tenant: &str) -> Result<Tenant, ApiError> {
+    let visible = match caller {
+        Caller::Admin => true,
+        Caller::Tenant { tenant: own, .. } => own == tenant,
+    };
+    let found = if visible {
+        app.directory.tenant(tenant).await?
+    } else {
+        None
+    };
+    found.ok_or_else(|| ApiError::not_found(format!("tenant {tenant:?} not found")))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewTenant {
+    name: String,
+    /// Missing fields take the server's defaults.
+    quotas: Option<Quotas>,
+}
+
+async fn create_tenant(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    admin_only(&caller)?;
+    let req: NewTenant = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request("bad_tenant", format!("expected {{\"name\": ...}}: {e}"))
+    })?;
+    if !valid_tenant_name(&req.name) {
+        return Err(ApiError::bad_request(
+            "bad_tenant",
+            format!(
+                "tenant name {:?}: use 1-48 lowercase letters, digits, '-' or '_', starting with a letter or digit",
+                req.name
+            ),
+        ));
+    }
+    let tenant = app
+        .directory
+        .create_tenant(Tenant {
+            name: req.name,
+            created_at: SystemClock.now_ms(),
+            quotas: req.quotas.unwrap_or(app.config.default_quotas),
+        })
+        .await?;
+    audit(
+        &app,
+        &tenant.name,
+        &caller,
+        "tenant.create",
+        tenant.name.clone(),
+    )
+    .await;
+    Ok((StatusCode::CREATED, Json(tenant)).into_response())
+}
+
+#[derive(Debug, Serialize)]
+struct TenantView {
+    #[serde(flatten)]
+    tenant: Tenant,
+    usage: Usage,
+}
+
+async fn list_tenants(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<Vec<TenantView>>, ApiError> {
+    admin_only(&caller)?;
+    let mut out = vec![];
+    for tenant in app.directory.tenants().await? {
+        let usage = app.directory.usage(&tenant.name).await?;
+        out.push(TenantView { tenant, usage });
+    }
+    Ok(Json(out))
+}
+
+async fn get_tenant(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(tenant): Path<String>,
+) -> Result<Json<TenantView>, ApiError> {
+    let tenant = tenant_for(&app, &caller, &tenant).await?;
+    let usage = app.directory.usage(&tenant.name).await?;
+    Ok(Json(TenantView { tenant, usage }))
+}
+
+async fn set_quotas(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(tenant): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<Tenant>, ApiError> {
+    admin_only(&caller)?;
+    let quotas: Quotas = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request("bad_quotas", format!("quotas: {e}")))?;
+    let tenant = app.directory.set_quotas(&tenant, quotas).await?;
+    audit(
+        &app,
+        &tenant.name,
+        &caller,
+        "tenant.quotas",
+        serde_json::to_string(&quotas).unwrap_or_default(),
+    )
+    .await;
+    Ok(Json(tenant))
+}
+
+/// A key as listings show it: never the key, never its HMAC.
+#[derive(Debug, Serialize)]
+struct KeyView {
+    id: String,
+    tenant: String,
+    label: String,
+    created_at: Millis,
+    revoked_at: Option<Millis>,
+    /// Only in the answer that created it: shown once, stored nowhere.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<String>,
+}
+
+impl From<ApiKey> for KeyView {
+    fn from(k: ApiKey) -> Self {
+        KeyView {
+            id: k.id,
+            tenant: k.tenant,
+            label: k.label,
+            created_at: k.created_at,
+            revoked_at: k.revoked_at,
+            key: None,
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewKey {
+    #[serde(default)]
+    label: String,
+}
+
+async fn create_key(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(tenant): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let tenant = tenant_for(&app, &caller, &tenant).await?;
+    let req: NewKey = if body.iter().all(u8::is_ascii_whitespace) {
+        NewKey::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| {
+            ApiError::bad_request("bad_key", format!("expected {{\"label\": ...}}: {e}"))
+        })?
+    };
+    if req.label.len() > 100 || req.label.chars().any(char::is_control) {
+        return Err(ApiError::bad_request(
+            "bad_key",
+            "a key label is at most 100 printable characters",
+        ));
+    }
+    let (key, stored) = new_key(&app, &tenant.name, req.label).await?;
+    audit(&app, &tenant.name, &caller, "key.create", stored.id.clone()).await;
+    let mut view = KeyView::from(stored);
+    view.key = Some(key);
+    Ok((StatusCode::CREATED, Json(view)).into_response())
+}
+
+/// Generates and stores a key for `tenant`; returns the key (to show once) and its record.
+pub(crate) async fn new_key(
+    app: &App,
+    tenant: &str,
+    label: String,
+) -> Result<(String, ApiKey), ApiError> {
+    let (id, key) = generate_key();
+    let stored = ApiKey {
+        id,
+        tenant: tenant.to_owned(),
+        hmac: app.keyring.hmac_hex(&key),
+        label,
+        created_at: SystemClock.now_ms(),
+        revoked_at: None,
+    };
+    app.directory.create_key(stored.clone()).await?;
+    Ok((key, stored))
+}
+
+async fn list_keys(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path(tenant): Path<String>,
+) -> Result<Json<Vec<KeyView>>, ApiError> {
+    let tenant = tenant_for(&app, &caller, &tenant).await?;
+    let keys = app.directory.keys(&tenant.name).await?;
+    Ok(Json(keys.into_iter().map(KeyView::from).collect()))
+}
+
+async fn revoke_key(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Path((tenant, id)): Path<(String, String)>,
+) -> Result<Json<KeyView>, ApiError> {
+    let tenant = tenant_for(&app, &caller, &tenant).await?;
+    let key = app
+        .directory
+        .revoke_key(&tenant.name, &id, SystemClock.now_ms())
+        .await?;
+    audit(&app, &tenant.name, &caller, "key.revoke", id).await;
+    Ok(Json(key.into()))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuditParams {
+    tenant: Option<String>,
+    limit: Option<usize>,
+}
+
+async fn audit_log(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    params: Result<Query<AuditParams>, QueryRejection>,
+) -> Result<Json<Vec<AuditEntry>>, ApiError> {
+    let p = params
+        .map(|Query(p)| p)
+        .map_err(|e| ApiError::bad_request("bad_query", e.body_text()))?;
+    let limit = p.limit.unwrap_or(100).clamp(1, 1000);
+    let tenant = match (&caller, p.tenant) {
+        (Caller::Admin, t) => t,
+        (Caller::Tenant { tenant, .. }, None) => Some(tenant.clone()),
+        (Caller::Tenant { tenant, .. }, Some(t)) => {
+            if &t != tenant {
+                return Err(ApiError::not_found(format!("tenant {t:?} not found")));
+            }
+            Some(t)
+        }
+    };
+    Ok(Json(
+        app.directory.audit_log(tenant.as_deref(), limit).await?,
+    ))
+}

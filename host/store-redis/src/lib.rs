@@ -1,0 +1,1155 @@
+//! wasq-store-redis: the Redis [`Store`], for servers and workers on many machines that
+//! share one Redis 7.0+ (or Valkey) node or a Redis Cluster.
+//!
+//! # Key decision
+//!
+//! Every state transition is one Lua script (`scripts.rs`) over the keys of one tenant,
+//! and every key of a tenant carries the hash tag `{tenant}`: a tenant's keys share a
+//! Cluster slot, each transition is atomic, and tenants spread over the shards.
+//! Time always comes from the injected [`Clock`] as a script argument (never Redis `TIME`),
+//! and nothing depends on Redis key expiry, so the conformance suite drives this backend
+//! with a manual clock like any other. Scripts keep scalar fields (status, attempt, lease
+//! token, due time, ...) that they read and update, and copy JSON blobs without parsing
+//! them; Rust builds `Run`s and `Function`s from the hashes.
+//!
+//! Things that need more than one tenant go through a small global schedule: every tenant
+//! script computes the tenant's *next due time* (earliest of its ready runs, lease expiries
+//! and wait timeouts) and publishes it into the `due` zset, and pushes wake-up tokens when
+//! it made runs claimable (or its due time earlier). On a Cluster the global keys live in
+//! another slot, so the tenant script only returns these values and the store applies
+//! them with a second script that keeps the newest update per tenant (a per-tenant
+//! sequence number); a claim every minute republishes every tenant, repairing updates
+//! lost to a crash between the two calls. On a single node there are no slots, and the
+//! tenant script updates the global keys itself: one round trip per transition.
+//!
+//! `claim` visits only the tenants due now, rotating the first tenant and splitting the
+//! batch limit evenly among them, so a tenant's backlog of 100k runs cannot hold back
+//! another tenant's single run. `wait_for_work` sleeps until the earliest due time by the
+//! host's own timer (not Redis's `hz` tick), or until a wake-up token arrives: one
+//! listener task per store BLPOPs the wake list on its own connection while anybody in
+//! the process waits, and hands back a token that arrives after everybody stopped
+//! waiting.
+//!
+//! Event filters (`wait-for-event ... if`) are evaluated in Rust with
+//! [`wasq_core::event_matches`], so the semantics are exactly those of every other
+//! backend: the send-event script first returns the waiters and a version of the event's
+//! waiter set, and the second call applies the matches only if no waiter registered in
+//! between (otherwise it returns the fresh waiters and the store matches again).
+//!
+//! # What it is not
+//!
+//! Not a cache: it needs `maxmemory-policy noeviction` and AOF for durability
+//! ([`RedisStore::startup_warnings`] says so). It does not use Sentinel, TLS, streams,
+//! pub/sub or Redis 7.4+ commands (no hash-field TTL). A failover with asynchronous
+//! replication can lose the last acknowledged writes, as with any Redis queue.
+//!
+//! # Key layout
+//!
+//! `N` is the namespace (default `wasq`), `T` the tenant with `%`, `{` and `}`
+//! percent-encoded. `P = N:{T}:` prefixes every key of a tenant (one slot per tenant);
+//! `G = N:g:{N}:` prefixes the global keys (one slot). User-provided names (run ids,
+//! function and event names) are always the last part of a key, so they cannot reach a
+//! key of another family.
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `N:component:<digest>` | string | component bytes, content-addressed, `SET NX` |
+//! | `G tenants` | set | every tenant that deployed a function (for purge and sweeps) |
+//! | `G due` | zset | tenant → its next due time (the global schedule) |
+//! | `G seq` | hash | tenant → sequence number of the last applied `due` update (Cluster) |
+//! | `G wake` | list | wake-up tokens for `wait_for_work` (BLPOP), at most 64 |
+//! | `P meta` | hash | `next` (last published due time), `seq` (its sequence number) |
+//! | `P fn:<name>` | hash | name, digest, size_bytes, settings JSON, max_attempts, events JSON, schedule JSON, created_at, updated_at |
+//! | `P fns` | set | function names |
+//! | `P sub:<event>` | set | functions started by the event |
+//! | `P run:<id>` | hash | id, tenant, function, digest, settings JSON (pinned), retry (override JSON), max_attempts (with manual-retry grants), status, input, output, error JSON, attempt, trigger, progress JSON, created_at, updated_at, due_at, finished_at, idempotency_key, parent, wait JSON; bookkeeping: lease_token, lease_expires_at, worker, cancel_requested, resumed, wait_step, wait_event, wait_ver, wait_run, resolution (what waiters on it receive once it ended) |
+//! | `P att:<id>` | list | executions: `number\|started_at\|worker JSON`, then `\n finished_at\|fuel\|suspended_until\|error JSON` once ended |
+//! | `P steps:<id>` | hash | `occurrence:name` → step output (first write wins) |
+//! | `P stepseq:<id>` | list | `attempt\|completed_at\|occurrence:name`, in completion order |
+//! | `P logs:<id>` | list | log lines (JSON) |
+//! | `P ready` | zset | queued and sleeping runs by due time (ties: id, i.e. creation order) |
+//! | `P leases` | zset | running runs by lease expiry |
+//! | `P timeouts` | zset | waiting runs with a time limit, by that limit |
+//! | `P all` | zset | every run by creation time (listing) |
+//! | `P byfn:<function>` | zset | runs of a function by creation time |
+//! | `P st:<status>` | zset | runs in a status by creation time |
+//! | `P kids:<parent>` | zset | child runs by creation time |
+//! | `P ended:ok`, `P ended:bad` | zset | succeeded / failed and cancelled runs by finish time (purge) |
+//! | `P idem:<function>` | hash | idempotency key → `created_at:run id` |
+//! | `P events`, `P evz` | hash, zset | event id → time first seen (dedup window), and the same by time for clean-up |
+//! | `P waiters:<event>` | set | runs waiting for an event of that name |
+//! | `P waitver` | hash | event name → version, incremented by every new waiter |
+//! | `P rw:<id>` | set | runs waiting for run `id` to end |
+
+mod conn;
+mod decode;
+mod directory;
+mod scripts;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::{Cmd, FromRedisValue, Script, Value};
+use wasq_core::*;
+
+use conn::{AnyConn, BlockSource, Wake, redis_err, timed_out};
+use decode::{array, corrupt, hash, int, string};
+
+/// How a [`RedisStore`] connects; every field has a default.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Prefix of every key. Stores with different namespaces share nothing.
+    pub namespace: String,
+    /// How long one call may wait for Redis before failing with `Unavailable`.
+    pub op_timeout: Duration,
+    /// How long to wait for a TCP connection.
+    pub connect_timeout: Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            namespace: "wasq".into(),
+            op_timeout: Duration::from_millis(1500),
+            connect_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+impl StoreOptions {
+    pub fn with_namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+}
+
+/// The Redis backend of [`Store`]; cheap to clone (clones share connections).
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: AnyConn,
+    cluster: bool,
+    clock: Arc<dyn Clock>,
+    ns: String,
+    /// Prefix of the global keys.
+    global: String,
+    op_timeout: Duration,
+    wake: Arc<Wake>,
+    /// Rotates the tenant a claim starts with.
+    cursor: AtomicUsize,
+    /// Cluster: when every tenant's hint was last republished.
+    last_sweep: std::sync::Mutex<Option<Instant>>,
+    /// Cluster: a hint update failed; republish every tenant at the next claim.
+    sweep_needed: AtomicBool,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("namespace", &self.inner.ns)
+            .field("cluster", &self.inner.cluster)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Due tenants one claim considers at most.
+const DUE_TENANTS_MAX: usize = 10_000;
+/// Rounds of per-tenant claim calls one claim makes at most.
+const CLAIM_ROUNDS_MAX: usize = 32;
+/// Cluster: how often a claim republishes every tenant's next due time, repairing hints
+/// lost when a process died between a transition and its hint update.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+/// Runs fetched per page when listing.
+const LIST_PAGE: usize = 200;
+
+/// Script arguments as bytes.
+struct Args(Vec<Vec<u8>>);
+
+impl Args {
+    fn new() -> Self {
+        Args(Vec::new())
+    }
+    fn s(mut self, v: impl AsRef<str>) -> Self {
+        self.0.push(v.as_ref().as_bytes().to_vec());
+        self
+    }
+    fn b(mut self, v: impl Into<Vec<u8>>) -> Self {
+        self.0.push(v.into());
+        self
+    }
+    fn n(mut self, v: impl std::fmt::Display) -> Self {
+        self.0.push(v.to_string().into_bytes());
+        self
+    }
+    fn opt_n(self, v: Option<impl std::fmt::Display>) -> Self {
+        match v {
+            Some(v) => self.n(v),
+            None => self.s(""),
+        }
+    }
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> Result<Vec<u8>, StoreError> {
+    serde_json::to_vec(v).map_err(|e| StoreError::Internal(e.to_string()))
+}
+
+/// A tenant name as it appears inside the `{...}` hash tag.
+fn encode_tenant(t: &str) -> String {
+    let mut out = String::with_capacity(t.len());
+    for c in t.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '{' => out.push_str("%7B"),
+            '}' => out.push_str("%7D"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+enum Target {
+    Single(String),
+    Cluster(Vec<String>),
+}
+
+fn parse_target(target: &str) -> Result<Target, StoreError> {
+    if let Some(rest) = target.strip_prefix("redis+cluster://") {
+        let (auth, hosts) = match rest.rsplit_once('@') {
+            Some((a, h)) => (format!("{a}@"), h),
+            None => (String::new(), rest),
+        };
+        let hosts = hosts.trim_end_matches('/');
+        let nodes: Vec<String> = hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(|h| format!("redis://{auth}{h}"))
+            .collect();
+        if nodes.is_empty() {
+            return Err(StoreError::Internal(format!(
+                "no cluster nodes in {target:?}: expected redis+cluster://host:port,host:port"
+            )));
+        }
+        Ok(Target::Cluster(nodes))
+    } else {
+        Ok(Target::Single(target.to_owned()))
+    }
+}
+
+fn config_err(e: redis::RedisError) -> StoreError {
+    StoreError::Internal(format!("invalid Redis target: {e}"))
+}
+
+impl RedisStore {
+    /// Connects to `redis://host:port[/db]` (one node; the connection reconnects by
+    /// itself) or `redis+cluster://host1:port1,host2:port2,...` (a Redis Cluster), with
+    /// the default namespace `wasq`.
+    pub async fn connect(target: &str, clock: Arc<dyn Clock>) -> Result<RedisStore, StoreError> {
+        Self::connect_with(target, clock, StoreOptions::default()).await
+    }
+
+    pub async fn connect_with(
+        target: &str,
+        clock: Arc<dyn Clock>,
+        opts: StoreOptions,
+    ) -> Result<RedisStore, StoreError> {
+        if opts.namespace.is_empty() || opts.namespace.contains(['{', '}']) {
+            return Err(StoreError::Internal(format!(
+                "invalid namespace {:?}: must be non-empty, without braces",
+                opts.namespace
+            )));
+        }
+        let (conn, cluster, source) = match parse_target(target)? {
+            Target::Single(url) => {
+                let client = redis::Client::open(url.as_str()).map_err(config_err)?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(opts.connect_timeout))
+                    .set_response_timeout(Some(opts.op_timeout))
+                    .set_number_of_retries(1)
+                    .set_min_delay(Duration::from_millis(50))
+                    .set_max_delay(Duration::from_millis(500));
+                let manager = tokio::time::timeout(
+                    opts.op_timeout + opts.connect_timeout,
+                    ConnectionManager::new_with_config(client.clone(), config),
+                )
+                .await
+                .map_err(|_| timed_out(opts.op_timeout + opts.connect_timeout))?
+                .map_err(redis_err)?;
+                (
+                    AnyConn::Manager(manager),
+                    false,
+                    BlockSource::Single(client),
+                )
+            }
+            Target::Cluster(nodes) => {
+                let client = ClusterClient::builder(nodes.clone())
+                    .connection_timeout(opts.connect_timeout)
+                    .response_timeout(opts.op_timeout)
+                    .retries(2)
+                    .build()
+                    .map_err(config_err)?;
+                let conn = tokio::time::timeout(
+                    opts.op_timeout + opts.connect_timeout,
+                    client.get_async_connection(),
+                )
+                .await
+                .map_err(|_| timed_out(opts.op_timeout + opts.connect_timeout))?
+                .map_err(redis_err)?;
+                // Blocking reads: no response timeout (BLPOP answers after its own).
+                let blocking = ClusterClient::builder(nodes)
+                    .connection_timeout(opts.connect_timeout)
+                    .retries(1)
+                    .build()
+                    .map_err(config_err)?;
+                (
+                    AnyConn::Cluster(conn),
+                    true,
+                    BlockSource::Cluster(Box::new(blocking)),
+                )
+            }
+        };
+        let ns = opts.namespace.clone();
+        let global = format!("{ns}:g:{{{ns}}}:");
+        let wake = Wake::new(source, format!("{global}wake"), opts.connect_timeout);
+        let store = RedisStore {
+            inner: Arc::new(Inner {
+                conn,
+                cluster,
+                clock,
+                global,
+                ns,
+                op_timeout: opts.op_timeout,
+                wake: Arc::new(wake),
+                cursor: AtomicUsize::new(0),
+                last_sweep: std::sync::Mutex::new(None),
+                sweep_needed: AtomicBool::new(false),
+            }),
+        };
+        let _: String = store.query(&redis::cmd("PING")).await?;
+        Ok(store)
+    }
+
+    /// The namespace every key starts with.
+    pub fn namespace(&self) -> &str {
+        &self.inner.ns
+    }
+
+    /// True when connected to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.inner.cluster
+    }
+
+    /// The prefix of every key of `tenant` (`namespace:{tenant}:`), for tools and tests
+    /// that inspect the keyspace.
+    pub fn tenant_prefix(&self, tenant: &str) -> String {
+        format!("{}:{{{}}}:", self.inner.ns, encode_tenant(tenant))
+    }
+
+    /// Settings of the Redis server(s) that put wasq's data at risk, one sentence each:
+    /// `maxmemory-policy` other than `noeviction`, or AOF off. Empty when all is well.
+    /// A server that refuses CONFIG (renamed or disabled) yields a reminder instead.
+    pub async fn startup_warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        match self.config_get("maxmemory-policy").await {
+            Ok(values) => {
+                for v in values.into_iter().filter(|v| v != "noeviction") {
+                    warnings.push(format!(
+                        "Redis maxmemory-policy is {v}: when memory runs out Redis evicts keys, \
+                         silently losing runs, leases and step outputs; set maxmemory-policy noeviction"
+                    ));
+                }
+            }
+            Err(e) => warnings.push(format!(
+                "could not read Redis maxmemory-policy ({e}); it must be noeviction, or Redis \
+                 may evict runs when memory runs out"
+            )),
+        }
+        match self.config_get("appendonly").await {
+            Ok(values) => {
+                for v in values.into_iter().filter(|v| v != "yes") {
+                    warnings.push(format!(
+                        "Redis appendonly is {v} (AOF off): a Redis restart loses every run, \
+                         lease and step output written since the last snapshot; set appendonly yes \
+                         (with appendfsync everysec or always)"
+                    ));
+                }
+            }
+            Err(e) => warnings.push(format!(
+                "could not read Redis appendonly ({e}); without AOF a Redis restart loses \
+                 recent runs and step outputs"
+            )),
+        }
+        warnings.dedup();
+        warnings
+    }
+
+    /// The value of a setting on every node (every master of a Cluster).
+    async fn config_get(&self, name: &str) -> Result<Vec<String>, StoreError> {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("GET").arg(name);
+        let value = match &self.inner.conn {
+            AnyConn::Cluster(c) => {
+                use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+                let mut c = c.clone();
+                let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                tokio::time::timeout(self.inner.op_timeout, c.route_command(cmd, routing))
+                    .await
+                    .map_err(|_| timed_out(self.inner.op_timeout))?
+                    .map_err(redis_err)?
+            }
+            _ => self.query::<Value>(&cmd).await?,
+        };
+        // Flatten whatever shape came back (one reply, or one per node) and take the
+        // value after each occurrence of the name.
+        fn flatten(v: Value, out: &mut Vec<String>) {
+            match v {
+                Value::Array(items) | Value::Set(items) => {
+                    items.into_iter().for_each(|v| flatten(v, out))
+                }
+                Value::Map(pairs) => pairs.into_iter().for_each(|(k, v)| {
+                    flatten(k, out);
+                    flatten(v, out)
+                }),
+                Value::BulkString(b) => out.push(String::from_utf8_lossy(&b).into_owned()),
+                Value::SimpleString(s) => out.push(s),
+                _ => {}
+            }
+        }
+        let mut flat = Vec::new();
+        flatten(value, &mut flat);
+        let values: Vec<String> = flat
+            .windows(2)
+            .filter(|w| w[0].eq_ignore_ascii_case(name))
+            .map(|w| w[1].clone())
+            .collect();
+        if values.is_empty() {
+            return Err(StoreError::Internal(format!(
+                "CONFIG GET {name} returned nothing"
+            )));
+        }
+        Ok(values)
+    }
+
+    fn now(&self) -> i64 {
+        self.inner.clock.now_ms()
+    }
+
+    fn g(&self, key: &str) -> String {
+        format!("{}{key}", self.inner.global)
+    }
+
+    async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, StoreError> {
+        let mut c = self.inner.conn.clone();
+        match tokio::time::timeout(self.inner.op_timeout, cmd.query_async(&mut c)).await {
+            Ok(r) => r.map_err(redis_err),
+            Err(_) => Err(timed_out(self.inner.op_timeout)),
+        }
+    }
+
+    /// Runs a tenant script; returns its status word and the rest of its reply.
+    async fn script(
+        &self,
+        script: &Script,
+        tenant: &str,
+        args: Args,
+    ) -> Result<(String, Vec<Value>), StoreError> {
+        let prefix = self.tenant_prefix(tenant);
+        let mut inv = script.prepare_invoke();
+        inv.key(format!("{prefix}meta"))
+            .arg(&prefix)
+            .arg(if self.inner.cluster {
+                ""
+            } else {
+                &self.inner.global
+            })
+            .arg(self.now())
+            .arg(tenant);
+        for a in &args.0 {
+            inv.arg(a.as_slice());
+        }
+        let mut c = self.inner.conn.clone();
+        let reply: Value =
+            match tokio::time::timeout(self.inner.op_timeout, inv.invoke_async(&mut c)).await {
+                Ok(r) => r.map_err(redis_err)?,
+                Err(_) => return Err(timed_out(self.inner.op_timeout)),
+            };
+        let mut items = array(reply)?.into_iter();
+        let status = string(items.next().ok_or_else(|| corrupt("empty script reply"))?)?;
+        Ok((status, items.collect()))
+    }
+
+    /// Cluster: applies what a tenant script published (next due time, wake-ups) to the
+    /// global keys. A failure is logged, not returned: the transition itself committed,
+    /// and the next claim republishes every tenant.
+    async fn publish(&self, tenant: &str, published: Value) {
+        if matches!(published, Value::Nil) || !self.inner.cluster {
+            return;
+        }
+        let result = async {
+            let mut p = array(published)?.into_iter();
+            let mut next = || p.next().ok_or_else(|| corrupt("short publish reply"));
+            let (seq, due, wake) = (int(next()?)?, string(next()?)?, int(next()?)?);
+            let mut inv = scripts::HINT.prepare_invoke();
+            inv.key(self.g("due"))
+                .arg(&self.inner.global)
+                .arg(tenant)
+                .arg(seq)
+                .arg(due)
+                .arg(wake);
+            let mut c = self.inner.conn.clone();
+            match tokio::time::timeout(self.inner.op_timeout, inv.invoke_async::<Value>(&mut c))
+                .await
+            {
+                Ok(r) => r.map(drop).map_err(redis_err),
+                Err(_) => Err(timed_out(self.inner.op_timeout)),
+            }
+        }
+        .await;
+        if let Err(e) = result {
+            tracing::warn!(tenant, error = %e, "could not publish a tenant's schedule; will resweep");
+            self.inner.sweep_needed.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The first element of a transition's reply is what it published.
+    async fn published(&self, tenant: &str, rest: &mut Vec<Value>) -> Result<(), StoreError> {
+        if rest.is_empty() {
+            return Err(corrupt("reply without publish element"));
+        }
+        let published = rest.remove(0);
+        self.publish(tenant, published).await;
+        Ok(())
+    }
+
+    fn run_from(&self, v: Value) -> Result<Run, StoreError> {
+        decode::run(&hash(v)?)
+    }
+
+    async fn claim_tenant(
+        &self,
+        tenant: &str,
+        limit: usize,
+        req: &ClaimRequest,
+        force: bool,
+    ) -> Result<Vec<Claimed>, StoreError> {
+        let args = Args::new()
+            .n(limit)
+            .n(req.lease_ms)
+            .s(&req.worker)
+            .b(to_json(&req.worker)?)
+            .s(if force { "1" } else { "0" });
+        let (status, mut rest) = self.script(&scripts::CLAIM, tenant, args).await?;
+        if status != "ok" {
+            return Err(corrupt(format!("claim answered {status}")));
+        }
+        self.published(tenant, &mut rest).await?;
+        let items = array(rest.into_iter().next().unwrap_or(Value::Nil))?;
+        items
+            .into_iter()
+            .map(|item| {
+                let mut parts = array(item)?.into_iter();
+                let mut next = || parts.next().ok_or_else(|| corrupt("short claim entry"));
+                let h = hash(next()?)?;
+                let run = decode::run(&h)?;
+                let lease = decode::lease(&h, &run)?;
+                let steps = decode::steps(next()?, next()?)?;
+                Ok(Claimed { run, lease, steps })
+            })
+            .collect()
+    }
+
+    /// Cluster: republishes every tenant's next due time (and reaps what is due), when a
+    /// sweep is due. Hints go stale only if a process died between a transition and its
+    /// hint update, or the update failed.
+    async fn sweep_if_due(&self, req: &ClaimRequest) -> Result<(), StoreError> {
+        if !self.inner.cluster {
+            return Ok(());
+        }
+        {
+            let mut last = self
+                .inner
+                .last_sweep
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let needed = self.inner.sweep_needed.swap(false, Ordering::Relaxed);
+            if !needed && last.is_some_and(|t| t.elapsed() < SWEEP_EVERY) {
+                return Ok(());
+            }
+            *last = Some(Instant::now());
+        }
+        let tenants: Vec<String> = self
+            .query(redis::cmd("SMEMBERS").arg(self.g("tenants")))
+            .await?;
+        for chunk in tenants.chunks(64) {
+            let visits = chunk.iter().map(|t| self.claim_tenant(t, 0, req, true));
+            for r in futures_util::future::join_all(visits).await {
+                r?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn tenants(&self) -> Result<Vec<String>, StoreError> {
+        let mut tenants: Vec<String> = self
+            .query(redis::cmd("SMEMBERS").arg(self.g("tenants")))
+            .await?;
+        tenants.sort();
+        Ok(tenants)
+    }
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    async fn deploy(&self, req: DeployRequest) -> Result<Function, StoreError> {
+        // Content-addressed: writing it outside the deploy script is safe, a second
+        // writer writes the same bytes.
+        let key = format!("{}:component:{}", self.inner.ns, req.digest);
+        let _: Value = self
+            .query(redis::cmd("SET").arg(&key).arg(&req.component).arg("NX"))
+            .await?;
+        let _: Value = self
+            .query(redis::cmd("SADD").arg(self.g("tenants")).arg(&req.tenant))
+            .await?;
+        let mut args = Args::new()
+            .s(&req.name)
+            .s(&req.digest)
+            .n(req.component.len())
+            .b(to_json(&req.settings)?)
+            .n(req.settings.retry.max_attempts)
+            .b(to_json(&req.events)?)
+            .b(match &req.schedule {
+                Some(s) => to_json(s)?,
+                None => Vec::new(),
+            });
+        for e in &req.events {
+            args = args.s(e);
+        }
+        let (status, rest) = self.script(&scripts::DEPLOY, &req.tenant, args).await?;
+        if status != "ok" {
+            return Err(corrupt(format!("deploy answered {status}")));
+        }
+        let h = hash(rest.into_iter().next().unwrap_or(Value::Nil))?;
+        decode::function(&req.tenant, &h)
+    }
+
+    async fn function(&self, tenant: &str, name: &str) -> Result<Option<Function>, StoreError> {
+        let key = format!("{}fn:{name}", self.tenant_prefix(tenant));
+        let v: Value = self.query(redis::cmd("HGETALL").arg(key)).await?;
+        let h = hash(v)?;
+        if h.is_empty() {
+            return Ok(None);
+        }
+        decode::function(tenant, &h).map(Some)
+    }
+
+    async fn functions(&self, tenant: &str) -> Result<Vec<Function>, StoreError> {
+        let (_, rest) = self
+            .script(&scripts::FUNCTIONS, tenant, Args::new())
+            .await?;
+        let mut fns = array(rest.into_iter().next().unwrap_or(Value::Nil))?
+            .into_iter()
+            .map(|v| decode::function(tenant, &hash(v)?))
+            .collect::<Result<Vec<_>, _>>()?;
+        fns.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(fns)
+    }
+
+    async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let key = format!("{}:component:{digest}", self.inner.ns);
+        self.query(redis::cmd("GET").arg(key)).await
+    }
+
+    async fn enqueue(&self, req: EnqueueRequest) -> Result<Enqueued, StoreError> {
+        let id = uuid::Uuid::now_v7().to_string();
+        let args = Args::new()
+            .s(&id)
+            .s(&req.function)
+            .b(req.input)
+            .s(&req.trigger)
+            .opt_n(req.due_at)
+            .s(req.idempotency_key.as_deref().unwrap_or(""))
+            .b(match &req.retry {
+                Some(r) => to_json(r)?,
+                None => Vec::new(),
+            })
+            .opt_n(req.retry.map(|r| r.max_attempts))
+            .s(req.parent.as_deref().unwrap_or(""));
+        let (status, mut rest) = self.script(&scripts::ENQUEUE, &req.tenant, args).await?;
+        match status.as_str() {
+            "ok" => {}
+            "not_found" => {
+                return Err(StoreError::NotFound(format!("function {:?}", req.function)));
+            }
+            other => return Err(corrupt(format!("enqueue answered {other}"))),
+        }
+        self.published(&req.tenant, &mut rest).await?;
+        let mut rest = rest.into_iter();
+        let created = int(rest.next().ok_or_else(|| corrupt("short enqueue reply"))?)? == 1;
+        let run = self.run_from(rest.next().ok_or_else(|| corrupt("short enqueue reply"))?)?;
+        Ok(Enqueued { run, created })
+    }
+
+    async fn claim(&self, req: ClaimRequest) -> Result<Vec<Claimed>, StoreError> {
+        if req.limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.sweep_if_due(&req).await?;
+        let now = self.now();
+        let mut due: Vec<String> = self
+            .query(
+                redis::cmd("ZRANGEBYSCORE")
+                    .arg(self.g("due"))
+                    .arg("-inf")
+                    .arg(now)
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(DUE_TENANTS_MAX),
+            )
+            .await?;
+        if due.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Fairness: every claim starts with the next tenant in name order, and the limit
+        // is split evenly among the tenants visited in a round.
+        due.sort();
+        let start = self.inner.cursor.fetch_add(1, Ordering::Relaxed) % due.len();
+        due.rotate_left(start);
+        let mut candidates: VecDeque<String> = due.into();
+        let mut remaining = req.limit;
+        let mut claimed = Vec::new();
+        let mut first_error = None;
+        for _ in 0..CLAIM_ROUNDS_MAX {
+            if remaining == 0 || candidates.is_empty() {
+                break;
+            }
+            let k = candidates.len().min(remaining);
+            let batch: Vec<(String, usize)> = candidates
+                .drain(..k)
+                .enumerate()
+                .map(|(i, t)| (t, remaining / k + usize::from(i < remaining % k)))
+                .collect();
+            let visits = batch
+                .iter()
+                .map(|(t, quota)| self.claim_tenant(t, *quota, &req, false));
+            let results = futures_util::future::join_all(visits).await;
+            for ((tenant, quota), result) in batch.into_iter().zip(results) {
+                match result {
+                    Ok(got) => {
+                        // A tenant that filled its quota may have more: it goes again,
+                        // after the tenants not visited yet.
+                        if got.len() == quota {
+                            candidates.push_back(tenant);
+                        }
+                        remaining -= got.len();
+                        claimed.extend(got);
+                    }
+                    Err(e) => {
+                        tracing::warn!(tenant, error = %e, "claim failed for a tenant");
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        match first_error {
+            Some(e) if claimed.is_empty() => Err(e),
+            _ => Ok(claimed),
+        }
+    }
+
+    async fn renew(&self, leases: &[Lease], lease_ms: u64) -> Result<Vec<RunId>, StoreError> {
+        let mut by_tenant: BTreeMap<&str, Vec<&Lease>> = BTreeMap::new();
+        for l in leases {
+            by_tenant.entry(l.tenant.as_str()).or_default().push(l);
+        }
+        let calls = by_tenant.iter().map(|(tenant, leases)| async move {
+            let mut args = Args::new().n(lease_ms);
+            for l in leases {
+                args = args.s(&l.run_id).n(l.token);
+            }
+            let (status, mut rest) = self.script(&scripts::RENEW, tenant, args).await?;
+            if status != "ok" {
+                return Err(corrupt(format!("renew answered {status}")));
+            }
+            self.published(tenant, &mut rest).await?;
+            array(rest.into_iter().next().unwrap_or(Value::Nil))?
+                .into_iter()
+                .map(string)
+                .collect::<Result<Vec<String>, _>>()
+        });
+        let mut lost = HashSet::new();
+        for r in futures_util::future::join_all(calls).await {
+            lost.extend(r?);
+        }
+        Ok(leases
+            .iter()
+            .filter(|l| lost.contains(&l.run_id))
+            .map(|l| l.run_id.clone())
+            .collect())
+    }
+
+    async fn record(&self, lease: &Lease, record: Record) -> Result<(), StoreError> {
+        let args = Args::new().s(&lease.run_id).n(lease.token);
+        let lines = |mut args: Args, lines: &[LogLine]| -> Result<Args, StoreError> {
+            for l in lines {
+                args = args.b(to_json(l)?);
+            }
+            Ok(args)
+        };
+        let args = match &record {
+            Record::Step {
+                name,
+                occurrence,
+                output,
+                logs,
+            } => lines(
+                args.s("step")
+                    .s(decode::step_field(name, *occurrence))
+                    .b(output.clone()),
+                logs,
+            )?,
+            Record::Logs(l) => lines(args.s("logs"), l)?,
+            Record::Progress(p) => args.s("progress").b(to_json(p)?),
+        };
+        let (status, _) = self.script(&scripts::RECORD, &lease.tenant, args).await?;
+        lease_status(&status, lease)
+    }
+
+    async fn finish(&self, lease: &Lease, outcome: Outcome) -> Result<Run, StoreError> {
+        let args = Args::new().s(&lease.run_id).n(lease.token);
+        let args = match outcome {
+            Outcome::Succeeded { output, fuel_used } => {
+                let resolution = Resolution::Output {
+                    output: bytes_as_json::to_value(&output),
+                };
+                args.s("succeeded")
+                    .b(output)
+                    .opt_n(fuel_used)
+                    .b(resolution.to_bytes())
+            }
+            Outcome::Failed {
+                error,
+                retry_in_ms,
+                fuel_used,
+            } => {
+                let resolution = Resolution::Error {
+                    message: error.to_string(),
+                };
+                args.s("failed")
+                    .b(to_json(&error)?)
+                    .opt_n(retry_in_ms)
+                    .opt_n(fuel_used)
+                    .b(resolution.to_bytes())
+            }
+            Outcome::Waiting(wait) => {
+                let (on, target, missing) = match &wait.on {
+                    WaitOn::Event { name, .. } => ("event", name.clone(), Vec::new()),
+                    WaitOn::Run { id } => (
+                        "run",
+                        id.clone(),
+                        Resolution::Error {
+                            message: format!("run {id} not found"),
+                        }
+                        .to_bytes(),
+                    ),
+                };
+                args.s("waiting")
+                    .b(to_json(&wait)?)
+                    .s(decode::step_field(&wait.step, wait.occurrence))
+                    .opt_n(wait.until)
+                    .n(wait.until.unwrap_or(i64::MAX))
+                    .s(on)
+                    .s(target)
+                    .b(missing)
+            }
+            Outcome::Suspended { until } => args.s("suspended").n(until),
+            Outcome::Released => args.s("released"),
+        };
+        let (status, mut rest) = self.script(&scripts::FINISH, &lease.tenant, args).await?;
+        lease_status(&status, lease)?;
+        self.published(&lease.tenant, &mut rest).await?;
+        self.run_from(rest.into_iter().next().unwrap_or(Value::Nil))
+    }
+
+    async fn cancel(&self, tenant: &str, id: &str) -> Result<Run, StoreError> {
+        let (status, rest) = self
+            .script(&scripts::CANCEL, tenant, Args::new().s(id))
+            .await?;
+        self.ended_run(tenant, id, status, rest).await
+    }
+
+    async fn retry(&self, tenant: &str, id: &str) -> Result<Run, StoreError> {
+        let (status, rest) = self
+            .script(&scripts::RETRY, tenant, Args::new().s(id))
+            .await?;
+        self.ended_run(tenant, id, status, rest).await
+    }
+
+    async fn send_event(&self, req: EventRequest) -> Result<EventSent, StoreError> {
+        let id = req
+            .id
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        let data = req.data.to_string();
+        let resolution = Resolution::Event {
+            data: req.data.clone(),
+        }
+        .to_bytes();
+        // (version of the waiter set, matched (run, wait version) pairs)
+        let mut matched: Option<(String, Vec<(String, String)>)> = None;
+        let mut fresh_ids = 4;
+        for _ in 0..32 {
+            let mut args = Args::new()
+                .s(&id)
+                .s(&req.name)
+                .s(&data)
+                .b(resolution.clone());
+            match &matched {
+                Some((version, pairs)) => {
+                    args = args.s(version).n(pairs.len());
+                    for (run, ver) in pairs {
+                        args = args.s(run).s(ver);
+                    }
+                }
+                None => args = args.s("").n(0),
+            }
+            for _ in 0..fresh_ids {
+                args = args.s(uuid::Uuid::now_v7().to_string());
+            }
+            let (status, mut rest) = self.script(&scripts::SEND_EVENT, &req.tenant, args).await?;
+            match status.as_str() {
+                "dup" => {
+                    return Ok(EventSent {
+                        id,
+                        accepted: false,
+                        ..EventSent::default()
+                    });
+                }
+                "match" => {
+                    let mut rest = rest.into_iter();
+                    let version = string(rest.next().ok_or_else(|| corrupt("short match"))?)?;
+                    let mut pairs = Vec::new();
+                    for w in array(rest.next().unwrap_or(Value::Nil))? {
+                        let mut w = array(w)?.into_iter();
+                        let mut next = || w.next().ok_or_else(|| corrupt("short waiter"));
+                        let (run, ver, wait) = (string(next()?)?, string(next()?)?, next()?);
+                        let wait: Wait = serde_json::from_slice(&decode::bytes(wait)?)
+                            .map_err(|e| corrupt(format!("wait: {e}")))?;
+                        if let WaitOn::Event { filter, .. } = &wait.on
+                            && event_matches(filter.as_deref(), &req.data)
+                        {
+                            pairs.push((run, ver));
+                        }
+                    }
+                    matched = Some((version, pairs));
+                }
+                "need_ids" => {
+                    fresh_ids = int(rest.into_iter().next().unwrap_or(Value::Int(0)))? as usize;
+                }
+                "ok" => {
+                    self.published(&req.tenant, &mut rest).await?;
+                    let mut rest = rest.into_iter();
+                    let mut ids = || -> Result<Vec<String>, StoreError> {
+                        array(rest.next().unwrap_or(Value::Nil))?
+                            .into_iter()
+                            .map(string)
+                            .collect()
+                    };
+                    let (started, resumed) = (ids()?, ids()?);
+                    return Ok(EventSent {
+                        id,
+                        accepted: true,
+                        started,
+                        resumed,
+                    });
+                }
+                other => return Err(corrupt(format!("send_event answered {other}"))),
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "event {id}: new waiters for {:?} kept arriving; try again",
+            req.name
+        )))
+    }
+
+    async fn run(&self, tenant: &str, id: &str) -> Result<Option<RunDetail>, StoreError> {
+        let (status, rest) = self
+            .script(&scripts::GET, tenant, Args::new().s(id))
+            .await?;
+        if status == "not_found" {
+            return Ok(None);
+        }
+        let mut rest = rest.into_iter();
+        let mut next = || rest.next().ok_or_else(|| corrupt("short run reply"));
+        let run = decode::run(&hash(next()?)?)?;
+        let attempts = array(next()?)?
+            .into_iter()
+            .map(|v| decode::attempt(&decode::bytes(v)?))
+            .collect::<Result<Vec<_>, _>>()?;
+        let steps = decode::steps(next()?, next()?)?;
+        Ok(Some(RunDetail {
+            run,
+            attempts,
+            steps,
+        }))
+    }
+
+    async fn runs(&self, q: RunQuery) -> Result<Vec<Run>, StoreError> {
+        if q.limit == 0 {
+            return Ok(Vec::new());
+        }
+        // Read the smallest index that covers the query; filter the rest here.
+        let mut indexes = vec!["all".to_owned()];
+        if let Some(p) = &q.parent {
+            indexes.push(format!("kids:{p}"));
+        }
+        if let Some(f) = &q.function {
+            indexes.push(format!("byfn:{f}"));
+        }
+        if let Some(s) = q.status {
+            indexes.push(format!("st:{s}"));
+        }
+        let prefix = self.tenant_prefix(&q.tenant);
+        let index = if indexes.len() == 1 {
+            indexes.remove(0)
+        } else {
+            let mut pipe = redis::pipe();
+            for i in &indexes[1..] {
+                pipe.cmd("ZCARD").arg(format!("{prefix}{i}"));
+            }
+            let mut c = self.inner.conn.clone();
+            let sizes: Vec<u64> =
+                match tokio::time::timeout(self.inner.op_timeout, pipe.query_async(&mut c)).await {
+                    Ok(r) => r.map_err(redis_err)?,
+                    Err(_) => return Err(timed_out(self.inner.op_timeout)),
+                };
+            let smallest = (0..sizes.len()).min_by_key(|&i| sizes[i]).unwrap_or(0);
+            indexes.swap_remove(smallest + 1)
+        };
+        let mut out = Vec::new();
+        let mut start = 0usize;
+        loop {
+            let args = Args::new().s(&index).n(start).n(start + LIST_PAGE - 1);
+            let (_, rest) = self.script(&scripts::LIST, &q.tenant, args).await?;
+            let mut rest = rest.into_iter();
+            let scanned = int(rest.next().ok_or_else(|| corrupt("short list reply"))?)? as usize;
+            for v in array(rest.next().unwrap_or(Value::Nil))? {
+                let run = self.run_from(v)?;
+                let keep = q.function.as_ref().is_none_or(|f| *f == run.function)
+                    && q.status.is_none_or(|s| s == run.status)
+                    && q.parent
+                        .as_ref()
+                        .is_none_or(|p| Some(p) == run.parent.as_ref());
+                if keep {
+                    out.push(run);
+                    if out.len() == q.limit {
+                        return Ok(out);
+                    }
+                }
+            }
+            if scanned < LIST_PAGE {
+                return Ok(out);
+            }
+            start += LIST_PAGE;
+        }
+    }
+
+    async fn purge(&self, req: PurgeRequest) -> Result<usize, StoreError> {
+        let mut purged = 0;
+        for tenant in self.tenants().await? {
+            if purged >= req.limit {
+                break;
+            }
+            let args = Args::new()
+                .n(req.succeeded_before)
+                .n(req.failed_before)
+                .n(req.limit - purged);
+            let (_, rest) = self.script(&scripts::PURGE, &tenant, args).await?;
+            purged += int(rest.into_iter().next().unwrap_or(Value::Int(0)))? as usize;
+        }
+        Ok(purged)
+    }
+
+    async fn logs(&self, tenant: &str, id: &str, skip: usize) -> Result<Vec<LogLine>, StoreError> {
+        let key = format!("{}logs:{id}", self.tenant_prefix(tenant));
+        let lines: Vec<Vec<u8>> = self
+            .query(redis::cmd("LRANGE").arg(key).arg(skip).arg(-1))
+            .await?;
+        lines
+            .iter()
+            .map(|l| serde_json::from_slice(l).map_err(|e| corrupt(format!("log line: {e}"))))
+            .collect()
+    }
+
+    async fn wait_for_work(&self, max: Duration) -> Result<(), StoreError> {
+        let now = self.now();
+        let head: Vec<(String, f64)> = self
+            .query(
+                redis::cmd("ZRANGE")
+                    .arg(self.g("due"))
+                    .arg(0)
+                    .arg(0)
+                    .arg("WITHSCORES"),
+            )
+            .await?;
+        let mut wait = max;
+        if let Some((_, score)) = head.first() {
+            let at = *score as i64;
+            if at <= now {
+                return Ok(());
+            }
+            wait = wait.min(Duration::from_millis((at - now) as u64));
+        }
+        // Our own timer ends the wait at the due time; the listener's BLPOP ends it when a
+        // wake-up token arrives.
+        let notified = self.inner.wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let waiter = self.inner.wake.register(&self.inner.conn);
+        tokio::select! {
+            _ = notified => waiter.failure().map_or(Ok(()), Err),
+            _ = tokio::time::sleep(wait) => Ok(()),
+        }
+    }
+}
+
+impl RedisStore {
+    /// The run a cancel or retry returned, or the error its script reported.
+    async fn ended_run(
+        &self,
+        tenant: &str,
+        id: &str,
+        status: String,
+        mut rest: Vec<Value>,
+    ) -> Result<Run, StoreError> {
+        match status.as_str() {
+            "ok" => {
+                self.published(tenant, &mut rest).await?;
+                self.run_from(rest.into_iter().next().unwrap_or(Value::Nil))
+            }
+            "not_found" => Err(StoreError::NotFound(format!("run {id:?}"))),
+            "conflict" => Err(StoreError::Conflict(string(
+                rest.into_iter().next().unwrap_or(Value::Nil),
+            )?)),
+            other => Err(corrupt(format!("answered {other}"))),
+        }
+    }
+}
+
+/// Maps the status word of a script that checked a lease.
+fn lease_status(status: &str, lease: &Lease) -> Result<(), StoreError> {
+    match status {
+        "ok" => Ok(()),
+        "lease_lost" => Err(StoreError::LeaseLost(lease.run_id.clone())),
+        "not_found" => Err(StoreError::NotFound(format!("run {}", lease.run_id))),
+        other => Err(corrupt(format!("answered {other}"))),
+    }
+}

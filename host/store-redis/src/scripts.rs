@@ -1,0 +1,711 @@
+//! The Lua scripts: one per state transition, each over the keys of one tenant (and, on a
+//! single node only, the global schedule keys; see `publish`).
+//!
+//! Every tenant script starts with [`PRELUDE`], which reads the common arguments
+//! (`ARGV[1..4]`: tenant key prefix, global prefix or `""`, now, tenant) and defines the
+//! helpers that keep a run's hash and every index in step. Script-specific arguments start
+//! at `ARGV[5]`.
+//!
+//! Rules the scripts follow:
+//! - Time is `ARGV[3]`, from the store's injected clock; never Redis `TIME`.
+//! - Numbers Lua computes are written with `I()` (`%d`), so a millisecond timestamp never
+//!   turns into `1.7e+12`; numbers Lua only copies stay the strings Rust sent.
+//! - Blobs (input, output, settings, error, wait, resolutions, log lines) are opaque: Lua
+//!   copies them and never round-trips them through cjson. cjson only encodes plain strings
+//!   (a worker name inside a message) and decodes the event-name list of a function.
+//! - Replies are arrays whose first element is a status word; `false` stands for "none".
+
+use std::sync::LazyLock;
+
+use redis::Script;
+use wasq_core::{IDEMPOTENCY_WINDOW_MS, MAX_LOST_LEASE_EXTRA_ATTEMPTS};
+
+/// Most index entries one claim reaps or times out per tenant, so a script stays short;
+/// the rest are taken by the next claim (the tenant stays due).
+pub(crate) const REAP_BATCH: usize = 200;
+/// Wake-up tokens kept in the wake list.
+pub(crate) const WAKE_LIST_MAX: usize = 64;
+
+const PRELUDE: &str = r#"
+local P = ARGV[1]
+local G = ARGV[2]
+local NOW = tonumber(ARGV[3])
+local TENANT = ARGV[4]
+local WINDOW = @WINDOW@
+local MAXLOST = @MAXLOST@
+local WAKEMAX = @WAKEMAX@
+
+local function I(n) return string.format('%d', n) end
+local function runkey(id) return P .. 'run:' .. id end
+local TERMINAL = { succeeded = true, failed = true, cancelled = true }
+
+-- The run's hash and its step/attempt keys, as a claim or a read returns them.
+local function load_run(id)
+  return {
+    redis.call('HGETALL', runkey(id)),
+    redis.call('LRANGE', P .. 'stepseq:' .. id, 0, -1),
+    redis.call('HGETALL', P .. 'steps:' .. id),
+  }
+end
+
+-- Moves run `id` to `status`, setting `fields` (flat name/value list) and updated_at, and
+-- keeps every index in step: status index, ready/lease/timeout zsets, waiter sets, ended
+-- zsets. Waiting runs get their waiter-set and timeout entries from the caller.
+local function move(id, status, fields)
+  local rk = runkey(id)
+  local r = redis.call('HMGET', rk, 'status', 'created_at', 'wait_event', 'wait_run')
+  local old, created = r[1], r[2]
+  if old ~= status then
+    if old then redis.call('ZREM', P .. 'st:' .. old, id) end
+    redis.call('ZADD', P .. 'st:' .. status, created, id)
+  end
+  redis.call('ZREM', P .. 'ready', id)
+  redis.call('ZREM', P .. 'leases', id)
+  redis.call('ZREM', P .. 'timeouts', id)
+  if old == 'waiting' then
+    if r[3] then redis.call('SREM', P .. 'waiters:' .. r[3], id) end
+    if r[4] then redis.call('SREM', P .. 'rw:' .. r[4], id) end
+  end
+  if old == 'succeeded' then redis.call('ZREM', P .. 'ended:ok', id) end
+  if old == 'failed' or old == 'cancelled' then redis.call('ZREM', P .. 'ended:bad', id) end
+  redis.call('HSET', rk, 'status', status, 'updated_at', I(NOW), unpack(fields))
+  if status == 'queued' or status == 'sleeping' then
+    redis.call('ZADD', P .. 'ready', redis.call('HGET', rk, 'due_at'), id)
+  elseif status == 'running' then
+    redis.call('ZADD', P .. 'leases', redis.call('HGET', rk, 'lease_expires_at'), id)
+  elseif status == 'succeeded' then
+    redis.call('ZADD', P .. 'ended:ok', redis.call('HGET', rk, 'finished_at'), id)
+  elseif status == 'failed' or status == 'cancelled' then
+    redis.call('ZADD', P .. 'ended:bad', redis.call('HGET', rk, 'finished_at'), id)
+  end
+end
+
+-- Ends the run's latest execution (the last element of its attempts list).
+local function close_attempt(id, err, fuel, suspended)
+  local ak = P .. 'att:' .. id
+  local last = redis.call('LINDEX', ak, -1)
+  if last then
+    last = string.match(last, '^[^\n]*')
+    redis.call('LSET', ak, -1, last .. '\n' .. I(NOW) .. '|' .. fuel .. '|' .. suspended .. '|' .. err)
+  end
+end
+
+-- Stores a step output; the first write wins.
+local function write_step(id, field, output, attempt)
+  if redis.call('HSETNX', P .. 'steps:' .. id, field, output) == 1 then
+    redis.call('RPUSH', P .. 'stepseq:' .. id, attempt .. '|' .. I(NOW) .. '|' .. field)
+  end
+end
+
+local function cancelled_resolution(id)
+  return '{"error":{"message":' .. cjson.encode('run ' .. id .. ' was cancelled') .. '}}'
+end
+
+-- Ends a wait: the resolution becomes the waiting step's output and the run is due now as
+-- a resume of its current attempt.
+local function resolve_wait(id, resolution)
+  local rk = runkey(id)
+  local r = redis.call('HMGET', rk, 'wait_step', 'attempt')
+  write_step(id, r[1], resolution, r[2])
+  move(id, 'sleeping', { 'due_at', I(NOW) })
+  redis.call('HDEL', rk, 'wait', 'wait_event', 'wait_run', 'wait_step', 'wait_ver')
+end
+
+-- After run `id` ended: the runs waiting for it resume with its resolution. Returns how
+-- many resumed.
+local function resolve_waiters_of(id)
+  local res = redis.call('HGET', runkey(id), 'resolution')
+  if not res then return 0 end
+  local n = 0
+  local wk = P .. 'rw:' .. id
+  for _, w in ipairs(redis.call('SMEMBERS', wk)) do
+    local r = redis.call('HMGET', runkey(w), 'status', 'wait_run')
+    if r[1] == 'waiting' and r[2] == id then
+      resolve_wait(w, res)
+      n = n + 1
+    end
+  end
+  redis.call('DEL', wk)
+  return n
+end
+
+-- Creates a queued run of function `fname`, or returns the run created earlier with the
+-- same idempotency key within the window. Returns id, created (nil when no such function).
+local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max, parent)
+  local f = redis.call('HMGET', P .. 'fn:' .. fname, 'digest', 'settings', 'max_attempts')
+  if not f[1] then return nil, false end
+  if idem ~= '' then
+    local ik = P .. 'idem:' .. fname
+    local v = redis.call('HGET', ik, idem)
+    if v then
+      local sep = string.find(v, ':', 1, true)
+      local created, old = tonumber(string.sub(v, 1, sep - 1)), string.sub(v, sep + 1)
+      local exists = redis.call('EXISTS', runkey(old)) == 1
+      if exists and created > NOW - WINDOW then return old, false end
+      -- Past its window the key is free again; the old run keeps its history.
+      if exists then redis.call('HDEL', runkey(old), 'idempotency_key') end
+    end
+    redis.call('HSET', ik, idem, I(NOW) .. ':' .. id)
+  end
+  if due == '' then due = I(NOW) end
+  local max = f[3]
+  if retry ~= '' then max = retry_max end
+  local fields = {
+    'id', id, 'tenant', TENANT, 'function', fname, 'digest', f[1], 'settings', f[2],
+    'max_attempts', max, 'status', 'queued', 'input', input, 'attempt', '0',
+    'trigger', trigger, 'created_at', I(NOW), 'updated_at', I(NOW), 'due_at', due,
+    'lease_token', '0', 'cancel_requested', '0', 'resumed', '0',
+  }
+  if retry ~= '' then table.insert(fields, 'retry'); table.insert(fields, retry) end
+  if idem ~= '' then table.insert(fields, 'idempotency_key'); table.insert(fields, idem) end
+  if parent ~= '' then
+    table.insert(fields, 'parent'); table.insert(fields, parent)
+    redis.call('ZADD', P .. 'kids:' .. parent, NOW, id)
+  end
+  redis.call('HSET', runkey(id), unpack(fields))
+  redis.call('ZADD', P .. 'all', NOW, id)
+  redis.call('ZADD', P .. 'byfn:' .. fname, NOW, id)
+  redis.call('ZADD', P .. 'st:queued', NOW, id)
+  redis.call('ZADD', P .. 'ready', due, id)
+  return id, true
+end
+
+-- The tenant's next due time: the earliest of its ready runs, lease expiries and wait
+-- timeouts; nil when it has none.
+local function next_due()
+  local best = nil
+  for _, z in ipairs({ 'ready', 'leases', 'timeouts' }) do
+    local h = redis.call('ZRANGE', P .. z, 0, 0, 'WITHSCORES')
+    if h[2] then
+      local s = tonumber(h[2])
+      if best == nil or s < best then best = s end
+    end
+  end
+  return best
+end
+
+@APPLY_HINT@
+
+-- Publishes the tenant's next due time to the global schedule and pushes `wake` tokens.
+-- Single node (G set): done here, atomically. Cluster (G empty): the global keys live in
+-- another slot, so the script returns {seq, next, wake} and the caller applies it with the
+-- hint script, which drops updates older than the newest seq it has seen.
+local function publish(wake, force)
+  local n = next_due()
+  local ns = ''
+  if n then ns = I(n) end
+  local meta = P .. 'meta'
+  local changed = force or redis.call('HGET', meta, 'next') ~= ns
+  if not changed and wake == 0 then return false end
+  local seq = 0
+  if changed then
+    seq = redis.call('HINCRBY', meta, 'seq', 1)
+    redis.call('HSET', meta, 'next', ns)
+  end
+  if G ~= '' then
+    apply_hint(G, TENANT, ns, wake, changed)
+    return false
+  end
+  return { seq, ns, wake }
+end
+
+local function check_lease(id, token)
+  local r = redis.call('HMGET', runkey(id), 'status', 'lease_token')
+  if not r[1] then return 'not_found' end
+  if r[1] ~= 'running' or r[2] ~= token then return 'lease_lost' end
+  return nil
+end
+"#;
+
+/// Shared by [`PRELUDE`] (single node) and [`HINT`] (cluster).
+const APPLY_HINT: &str = r#"
+local function apply_hint(G, tenant, ns, wake, update)
+  if update then
+    local old = redis.call('ZSCORE', G .. 'due', tenant)
+    if ns == '' then
+      redis.call('ZREM', G .. 'due', tenant)
+    else
+      redis.call('ZADD', G .. 'due', ns, tenant)
+      -- An earlier due time: waiters must recompute how long they sleep.
+      if (not old or tonumber(ns) < tonumber(old)) and wake < 1 then wake = 1 end
+    end
+  end
+  if wake > 0 then
+    local tokens = {}
+    for i = 1, math.min(wake, @WAKEMAX@) do tokens[i] = '1' end
+    redis.call('LPUSH', G .. 'wake', unpack(tokens))
+    redis.call('LTRIM', G .. 'wake', 0, @WAKEMAX@ - 1)
+  end
+end
+"#;
+
+fn tenant_script(body: &str) -> Script {
+    let src = format!("{PRELUDE}\n{body}")
+        .replace("@APPLY_HINT@", APPLY_HINT)
+        .replace("@WINDOW@", &IDEMPOTENCY_WINDOW_MS.to_string())
+        .replace("@MAXLOST@", &MAX_LOST_LEASE_EXTRA_ATTEMPTS.to_string())
+        .replace("@WAKEMAX@", &WAKE_LIST_MAX.to_string());
+    Script::new(&src)
+}
+
+/// Cluster only: applies a tenant's published next due time to the global schedule.
+/// KEYS[1] = G..'due'; ARGV: G, tenant, seq (0 = no hint change), next ('' = none), wake.
+pub(crate) static HINT: LazyLock<Script> = LazyLock::new(|| {
+    let src = format!(
+        "{}\n{}",
+        APPLY_HINT.replace("@WAKEMAX@", &WAKE_LIST_MAX.to_string()),
+        r#"
+local G, tenant, seq, ns, wake = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
+local update = false
+if seq > 0 then
+  local cur = redis.call('HGET', G .. 'seq', tenant)
+  if not cur or tonumber(cur) < seq then
+    update = true
+    redis.call('HSET', G .. 'seq', tenant, seq)
+  end
+end
+apply_hint(G, tenant, ns, wake, update)
+return 1
+"#
+    );
+    Script::new(&src)
+});
+
+/// ARGV[5..]: name, digest, size_bytes, settings, max_attempts, events JSON, schedule
+/// JSON or '', then the event names.
+pub(crate) static DEPLOY: LazyLock<Script> = LazyLock::new(|| {
+    tenant_script(
+        r#"
+local name = ARGV[5]
+local fk = P .. 'fn:' .. name
+local old = redis.call('HGET', fk, 'events')
+if old then
+  for _, e in ipairs(cjson.decode(old)) do redis.call('SREM', P .. 'sub:' .. e, name) end
+end
+local created = redis.call('HGET', fk, 'created_at') or I(NOW)
+redis.call('HSET', fk, 'name', name, 'digest', ARGV[6], 'size_bytes', ARGV[7],
+  'settings', ARGV[8], 'max_attempts', ARGV[9], 'events', ARGV[10],
+  'created_at', created, 'updated_at', I(NOW))
+if ARGV[11] ~= '' then
+  redis.call('HSET', fk, 'schedule', ARGV[11])
+else
+  redis.call('HDEL', fk, 'schedule')
+end
+redis.call('SADD', P .. 'fns', name)
+for i = 12, #ARGV do redis.call('SADD', P .. 'sub:' .. ARGV[i], name) end
+return { 'ok', redis.call('HGETALL', fk) }
+"#,
+    )
+});
+
+/// ARGV[5..]: id, function, input, trigger, due ('' = now), idempotency key or '',
+/// retry override JSON or '', its max_attempts, parent or ''.
+pub(crate) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
+    tenant_script(
+        r#"
+local id, created = insert_run(ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10],
+  ARGV[11], ARGV[12], ARGV[13])
+if not id then return { 'not_found' } end
+local wake = 0
+if created and tonumber(redis.call('HGET', runkey(id), 'due_at')) <= NOW then wake = 1 end
+local pub = publish(wake, false)
+return { 'ok', pub or false, created and 1 or 0, redis.call('HGETALL', runkey(id)) }
+"#,
+    )
+});
+
+/// ARGV[5..]: limit, lease_ms, worker, worker as a JSON string, force publish ('1'/'0').
+/// Reaps expired leases, times out waits, then leases up to `limit` due runs.
+pub(crate) static CLAIM: LazyLock<Script> = LazyLock::new(|| {
+    tenant_script(&format!(
+        r#"
+local LIMIT, LEASE, WORKER, WORKER_JSON = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], ARGV[8]
+local wake = 0
+-- Runs whose worker stopped renewing: queued again, or ended for good.
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'leases', '-inf', NOW, 'LIMIT', 0, {reap})) do
+  local rk = runkey(id)
+  local r = redis.call('HMGET', rk, 'status', 'worker', 'attempt', 'max_attempts', 'cancel_requested')
+  if r[1] ~= 'running' then
+    redis.call('ZREM', P .. 'leases', id)
+  else
+    local msg = 'worker ' .. (r[2] or '?') .. ' stopped renewing its lease during attempt ' .. r[3]
+    local err = '{{"reason":"lease_expired","message":' .. cjson.encode(msg) .. '}}'
+    close_attempt(id, err, '', '')
+    if r[5] == '1' then
+      move(id, 'cancelled', {{ 'error', err, 'due_at', I(NOW), 'finished_at', I(NOW),
+        'resolution', cancelled_resolution(id) }})
+    elseif tonumber(r[3]) >= tonumber(r[4]) + MAXLOST then
+      move(id, 'failed', {{ 'error', err, 'due_at', I(NOW), 'finished_at', I(NOW),
+        'resolution', '{{"error":{{"message":' .. cjson.encode('lease_expired: ' .. msg) .. '}}}}' }})
+    else
+      move(id, 'queued', {{ 'error', err, 'due_at', I(NOW) }})
+      wake = wake + 1
+    end
+    redis.call('HDEL', rk, 'lease_expires_at', 'worker')
+    wake = wake + resolve_waiters_of(id)
+  end
+end
+-- Waits whose time is up resolve as timed out.
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'timeouts', '-inf', NOW, 'LIMIT', 0, {reap})) do
+  if redis.call('HGET', runkey(id), 'status') == 'waiting' then
+    resolve_wait(id, '"timed_out"')
+    wake = wake + 1
+  else
+    redis.call('ZREM', P .. 'timeouts', id)
+  end
+end
+local out = {{}}
+if LIMIT > 0 then
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'ready', '-inf', NOW, 'LIMIT', 0, LIMIT)) do
+    local rk = runkey(id)
+    local r = redis.call('HMGET', rk, 'status', 'attempt')
+    if r[1] == 'queued' or r[1] == 'sleeping' then
+      -- Waking from a sleep continues the attempt; anything else starts one.
+      local attempt, resumed = tonumber(r[2]), '0'
+      if r[1] == 'sleeping' then
+        resumed = '1'
+        if attempt < 1 then attempt = 1 end
+      else
+        attempt = attempt + 1
+      end
+      redis.call('HINCRBY', rk, 'lease_token', 1)
+      move(id, 'running', {{ 'attempt', I(attempt), 'resumed', resumed,
+        'lease_expires_at', I(NOW + LEASE), 'worker', WORKER }})
+      redis.call('RPUSH', P .. 'att:' .. id, I(attempt) .. '|' .. I(NOW) .. '|' .. WORKER_JSON)
+      out[#out + 1] = load_run(id)
+    else
+      redis.call('ZREM', P .. 'ready', id)
+    end
+  end
+end
+-- Wake other workers only for what this claim left behind.
+if wake > 0 then wake = math.min(wake, redis.call('ZCOUNT', P .. 'ready', '-inf', NOW)) end
+-- A visit that found nothing republishes anyway, repairing a stale global hint.
+local pub = publish(wake, ARGV[9] == '1' or #out == 0)
+return {{ 'ok', pub or false, out }}
+"#,
+        reap = REAP_BATCH
+    ))
+});
+
+/// ARGV[5..]: lease_ms, then run id and token pairs. Returns the ids no longer held.
+pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    tenant_script(
+        r#"
+local exp = I(NOW + tonumber(ARGV[5]))
+local lost = {}
+for i = 6, #ARGV, 2 do
+  local id, token = ARGV[i], ARGV[i + 1]
+  local rk = runkey(id)
+  local r = redis.call('HMGET', rk, 'status', 'lease_token', 'cancel_requested')
+  if r[1] == 'running' and r[2] == token and r[3] == '0' then
+    redis.call('HSET', rk, 'lease_expires_at', exp)
+    redis.call('ZADD', P .. 'leases', exp, id)
+  else
+    lost[#lost + 1] = id
+  end
+end
+local pub = publish(0, false)
+return { 'ok', pub or false, lost }
+"#,
+    )
+});
+
+/// ARGV[5..]: id, token, kind; 'step': field, attempt-independent output, then log lines;
+/// 'logs': log lines; 'progress': progress JSON.
+pub(crate) static RECORD: LazyLock<Script> = LazyLock::new(|| {
+    tenant_script(
+        r#"
+local id, kind = ARGV[5], ARGV[7]
+local bad = check_lease(id, ARGV[6])
+if bad then return { bad } end
+local rk = runkey(id)
+local first_log = 8
+if kind == 'step' then first_log = 10 end
+if kind == 'progress' then
+  redis.call('HSET', rk, 'progress', ARGV[8], 'updated_at', I(NOW))
+else
+  for i = first_log, #ARGV do redis.call('RPUSH', P .. 'logs:' .. id, ARGV[i]) end
+end
+if kind == 'step' then
+  write_step(id, ARGV[8], ARGV[9], redis.call('HGET', rk, 'attempt'))
+end
+return { 'ok' }
+"#,
+    )
+});
+
+/// ARGV[5..]: id, token, kind, then by kind:
+/// - succeeded: output, fuel or '', resolution
+/// - failed: error JSON, retry_in_ms or '', fuel or '', resolution (when final)
+/// - waiting: wait JSON, step field, until or '', due_at, 'event'|'run', event name or run
+///   id, resolution for a missing run
+/// - suspended: until
+/// - released
+pub(crate) static FINISH: LazyLock<Script> = LazyLock::new(|| {
+    tenant_script(
+        r#"
+local ID, KIND = ARGV[5], ARGV[7]
+local bad = check_lease(ID, ARGV[6])
+if bad then return { bad } end
+local rk = runkey(ID)
+local r = redis.call('HMGET', rk, 'resumed', 'cancel_requested', 'attempt')
+local wake = 0
+-- The tenant's usage (billing): every ended execution, with the fuel it burned.
+if KIND ~= 'released' then
+  local fuel = ''
+  if KIND == 'succeeded' then fuel = ARGV[9] elseif KIND == 'failed' then fuel = ARGV[10] end
+  redis.call('HINCRBY', P .. 'usage', 'attempts', 1)
+  if fuel ~= '' then redis.call('HINCRBY', P .. 'usage', 'fuel', fuel) end
+end
+if r[2] == '1' and KIND ~= 'succeeded' then
+  local err, fuel = '', ''
+  if KIND == 'failed' then err, fuel = ARGV[8], ARGV[10] end
+  close_attempt(ID, err, fuel, '')
+  move(ID, 'cancelled', { 'finished_at', I(NOW), 'resolution', cancelled_resolution(ID) })
+  redis.call('HDEL', rk, 'lease_expires_at', 'worker')
+elseif KIND == 'succeeded' then
+  close_attempt(ID, '', ARGV[9], '')
+  move(ID, 'succeeded', { 'output', ARGV[8], 'finished_at', I(NOW), 'resolution', ARGV[10] })
+  redis.call('HDEL', rk, 'error', 'lease_expires_at')
+elseif KIND == 'failed' then
+  close_attempt(ID, ARGV[8], ARGV[10], '')
+  if ARGV[9] ~= '' then
+    local due = NOW + tonumber(ARGV[9])
+    move(ID, 'queued', { 'error', ARGV[8], 'due_at', I(due) })
+    if due <= NOW then wake = 1 end
+  else
+    move(ID, 'failed', { 'error', ARGV[8], 'finished_at', I(NOW), 'resolution', ARGV[11] })
+  end
+  redis.call('HDEL', rk, 'lease_expires_at', 'worker')
+elseif KIND == 'waiting' then
+  local until_, due, on, target = ARGV[10], ARGV[11], ARGV[12], ARGV[13]
+  close_attempt(ID, '', '', due)
+  move(ID, 'waiting', { 'due_at', due, 'wait', ARGV[8], 'wait_step', ARGV[9] })
+  redis.call('HDEL', rk, 'lease_expires_at', 'worker')
+  if until_ ~= '' then redis.call('ZADD', P .. 'timeouts', until_, ID) end
+  if on == 'event' then
+    local ver = redis.call('HINCRBY', P .. 'waitver', target, 1)
+    redis.call('HSET', rk, 'wait_event', target, 'wait_ver', ver)
+    redis.call('SADD', P .. 'waiters:' .. target, ID)
+  else
+    redis.call('HSET', rk, 'wait_run', target)
+    redis.call('SADD', P .. 'rw:' .. target, ID)
+    -- A run that already ended resolves the wait at once.
+    local t = redis.call('HMGET', runkey(target), 'status', 'resolution')
+    if not t[1] then
+      resolve_wait(ID, ARGV[14])
+      wake = 1
+    elseif t[2] then
+      resolve_wait(ID, t[2])
+      wake = 1
+    end
+  end
+elseif KIND == 'suspended' then
+  close_attempt(ID, '', '', ARGV[8])
+  move(ID, 'sleeping', { 'due_at', ARGV[8] })
+  redis.call('HDEL', rk, 'lease_expires_at', 'worker')
+  if tonumber(ARGV[8]) <= NOW then wake = 1 end
+else
+  -- Released: put the run back exactly as it was claimed. A resumed sleeper stays a
+  -- resume (same attempt); a fresh attempt is given back uncounted.
+  redis.call('RPOP', P .. 'att:' .. ID)
+  if r[1] == '1' then
+    move(ID, 'sleeping', { 'due_at', I(NOW) })
+  else
+    move(ID, 'queued', { 'attempt', I(tonumber(r[3]) - 1), 'due_at', I(NOW) })
+  end
+  redis.call('HDEL', rk, 'lease_expires_at', 'worker')
+  wake = 1
+end
+wake = wake + resolve_waiters_of(ID)
+local pub = publish(wake, false)
+return { 'ok', pub or false, redis.call('HGETALL', rk) }
+"#,
+    )
+});
+
+/// ARGV[5]: id.
+pub(crate) static CANCEL: LazyLock<Script> = LazyLock::new(|| {
+    tenant_script(
+        r#"
+local ID = ARGV[5]
+local rk = runkey(ID)
+local status = redis.call('HGET', rk, 'status')
+if not status then return { 'not_found' } end
+if TERMINAL[status] then return { 'conflict', 'run ' .. ID .. ' is already ' .. status } end
+local wake = 0
+if status == 'running' then
+  redis.call('HSET', rk, 'cancel_requested', '1', 'updated_at', I(NOW))
+else
+  move(ID, 'cancelled', { 'finished_at', I(NOW), 'resolution', cancelled_resolution(ID) })
+  wake = resolve_waiters_of(ID)
+end
+local pub = publish(wake, false)
+return { 'ok', pub or false, redis.call('HGETALL', rk) }
+"#,
+    )
+});
+
+/// ARGV[5]: id.
+pub(crate) static RETRY: LazyLock<Script> = LazyLock::new(|| {
+    tenant_script(
+        r#"
+local ID = ARGV[5]
+local rk = runkey(ID)
+local r = redis.call('HMGET', rk, 'status', 'attempt')
+if not r[1] then return { 'not_found' } end
+if r[1] ~= 'failed' and r[1] ~= 'cancelled' then
+  return { 'conflict', 'run ' .. ID .. ' is ' .. r[1] .. ': only failed or cancelled runs can be retried' }
+end
+redis.call('HINCRBY', rk, 'max_attempts', tonumber(r[2]))
+move(ID, 'queued', { 'due_at', I(NOW), 'cancel_requested', '0' })
+redis.call('HDEL', rk, 'finished_at', 'resolution')
+local pub = publish(1, false)
+return { 'ok', pub or false, redis.call('HGETALL', rk) }
+"#,
+    )
+});
+
+/// ARGV[5..]: event id, name, data JSON (the input of started runs), resolution for
+/// resumed waiters, expected waiter version ('' = unknown), number of matched waiters m,
+/// then m (run id, wait version) pairs, then fresh run ids for subscribers.
+///
+/// Filters are matched in Rust with `wasq_core::event_matches`: the first call without
+/// a version returns the waiters (`match`) if there are any; the second carries the
+/// matches and the version they were computed at. The version grows with every waiter
+/// registered for the name, so a waiter that arrived in between makes the script answer
+/// `match` again instead of missing it; waiters that left in between are skipped by
+/// re-checking their status and wait version.
+pub(crate) static SEND_EVENT: LazyLock<Script> = LazyLock::new(|| {
+    tenant_script(
+        r#"
+local EID, NAME, DATA, RES, EXPECTED = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local m = tonumber(ARGV[10])
+local seen = redis.call('HGET', P .. 'events', EID)
+if seen and tonumber(seen) > NOW - WINDOW then return { 'dup' } end
+local wk = P .. 'waiters:' .. NAME
+local ver = redis.call('HGET', P .. 'waitver', NAME) or '0'
+if (EXPECTED == '' and redis.call('SCARD', wk) > 0) or (EXPECTED ~= '' and EXPECTED ~= ver) then
+  local ws = {}
+  for _, w in ipairs(redis.call('SMEMBERS', wk)) do
+    local r = redis.call('HMGET', runkey(w), 'status', 'wait_event', 'wait_ver', 'wait')
+    if r[1] == 'waiting' and r[2] == NAME then ws[#ws + 1] = { w, r[3], r[4] } end
+  end
+  return { 'match', ver, ws }
+end
+local subs = redis.call('SMEMBERS', P .. 'sub:' .. NAME)
+table.sort(subs)
+local first_id = 11 + 2 * m
+if #subs > #ARGV - first_id + 1 then return { 'need_ids', #subs } end
+redis.call('HSET', P .. 'events', EID, I(NOW))
+redis.call('ZADD', P .. 'evz', NOW, EID)
+for _, old in ipairs(redis.call('ZRANGEBYSCORE', P .. 'evz', '-inf', NOW - WINDOW, 'LIMIT', 0, 100)) do
+  redis.call('ZREM', P .. 'evz', old)
+  redis.call('HDEL', P .. 'events', old)
+end
+local wake = 0
+local started, resumed = {}, {}
+for i, fname in ipairs(subs) do
+  -- One run per function per event, however often it is delivered.
+  local id, created = insert_run(ARGV[first_id + i - 1], fname, DATA, 'event:' .. NAME, '',
+    'event:' .. EID, '', '', '')
+  if id then
+    started[#started + 1] = id
+    if created then wake = wake + 1 end
+  end
+end
+for i = 0, m - 1 do
+  local id, wver = ARGV[11 + 2 * i], ARGV[12 + 2 * i]
+  local r = redis.call('HMGET', runkey(id), 'status', 'wait_event', 'wait_ver')
+  if r[1] == 'waiting' and r[2] == NAME and r[3] == wver then
+    resolve_wait(id, RES)
+    resumed[#resumed + 1] = id
+    wake = wake + 1
+  end
+end
+local pub = publish(wake, false)
+return { 'ok', pub or false, started, resumed }
+"#,
+    )
+});
+
+/// ARGV[5..]: succeeded_before, failed_before, limit. Deletes ended runs with all they
+/// recorded; returns how many.
+pub(crate) static PURGE: LazyLock<Script> = LazyLock::new(|| {
+    tenant_script(
+        r#"
+local LIMIT = tonumber(ARGV[7])
+local n = 0
+local function delete(id)
+  local rk = runkey(id)
+  local r = redis.call('HMGET', rk, 'status', 'function', 'parent', 'idempotency_key')
+  redis.call('ZREM', P .. 'all', id)
+  redis.call('ZREM', P .. 'ended:ok', id)
+  redis.call('ZREM', P .. 'ended:bad', id)
+  if r[1] then redis.call('ZREM', P .. 'st:' .. r[1], id) end
+  if r[2] then redis.call('ZREM', P .. 'byfn:' .. r[2], id) end
+  if r[3] then redis.call('ZREM', P .. 'kids:' .. r[3], id) end
+  if r[2] and r[4] then
+    local ik = P .. 'idem:' .. r[2]
+    local v = redis.call('HGET', ik, r[4])
+    if v and string.sub(v, -#id) == id then redis.call('HDEL', ik, r[4]) end
+  end
+  redis.call('DEL', rk, P .. 'steps:' .. id, P .. 'stepseq:' .. id, P .. 'att:' .. id,
+    P .. 'logs:' .. id, P .. 'rw:' .. id)
+end
+for _, pair in ipairs({ { 'ended:ok', ARGV[5] }, { 'ended:bad', ARGV[6] } }) do
+  if n < LIMIT then
+    local ids = redis.call('ZRANGEBYSCORE', P .. pair[1], '-inf', '(' .. pair[2], 'LIMIT', 0, LIMIT - n)
+    for _, id in ipairs(ids) do
+      delete(id)
+      n = n + 1
+    end
+  end
+end
+return { 'ok', n }
+"#,
+    )
+});
+
+/// ARGV[5]: id. A consistent read of one run: hash, attempts, step order, step outputs.
+pub(crate) static GET: LazyLock<Script> = LazyLock::new(|| {
+    tenant_script(
+        r#"
+local id = ARGV[5]
+local h = redis.call('HGETALL', runkey(id))
+if #h == 0 then return { 'not_found' } end
+local r = load_run(id)
+return { 'ok', r[1], redis.call('LRANGE', P .. 'att:' .. id, 0, -1), r[2], r[3] }
+"#,
+    )
+});
+
+/// ARGV[5..]: index key suffix, start, stop. Runs of one listing index, newest first.
+pub(crate) static LIST: LazyLock<Script> = LazyLock::new(|| {
+    tenant_script(
+        r#"
+local out = {}
+local ids = redis.call('ZREVRANGE', P .. ARGV[5], ARGV[6], ARGV[7])
+for _, id in ipairs(ids) do
+  local h = redis.call('HGETALL', runkey(id))
+  if #h > 0 then out[#out + 1] = h end
+end
+return { 'ok', #ids, out }
+"#,
+    )
+});
+
+/// All functions of a tenant.
+pub(crate) static FUNCTIONS: LazyLock<Script> = LazyLock::new(|| {
+    tenant_script(
+        r#"
+local out = {}
+for _, name in ipairs(redis.call('SMEMBERS', P .. 'fns')) do
+  local h = redis.call('HGETALL', P .. 'fn:' .. name)
+  if #h > 0 then out[#out + 1] = h end
+end
+return { 'ok', out }
+"#,
+    )
+});

@@ -1,0 +1,415 @@
+//! Test harness (feature `testing`): real `redis-server` processes on free loopback ports,
+//! a single node or a 3-master Cluster, each in its own temporary directory.
+//!
+//! Everything here is synchronous and quick (a server is up in tens of milliseconds), so
+//! async tests may call it directly. Port 6379 is never used.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const REDIS_SERVER: &str = "/usr/bin/redis-server";
+const REDIS_CLI: &str = "/usr/bin/redis-cli";
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Default)]
+pub struct RedisOptions {
+    /// `Some("always" | "everysec")` turns AOF on with that fsync policy; `None` runs
+    /// without persistence.
+    pub appendfsync: Option<String>,
+    /// More `redis-server` arguments, e.g. `["--maxmemory-policy", "allkeys-lru"]`.
+    pub extra_args: Vec<String>,
+}
+
+/// One `redis-server` process.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+    args: Vec<String>,
+    /// Owns the directory (removed on drop) unless the server belongs to a cluster.
+    _tmp: Option<tempfile::TempDir>,
+}
+
+fn port_free(port: u16) -> bool {
+    port != 6379 && TcpListener::bind(("127.0.0.1", port)).is_ok()
+}
+
+/// A free loopback port other than 6379 (and, for cluster nodes, with its bus port
+/// `port + 10000` free too).
+fn free_port(with_bus: bool) -> std::io::Result<u16> {
+    for _ in 0..200 {
+        let port = if with_bus {
+            fastrand::u16(20_000..50_000)
+        } else {
+            TcpListener::bind("127.0.0.1:0")?.local_addr()?.port()
+        };
+        if port_free(port) && (!with_bus || port_free(port + 10_000)) {
+            return Ok(port);
+        }
+    }
+    Err(std::io::Error::other("no free port found"))
+}
+
+/// Sends one command in RESP and returns the raw reply (enough for PING and INFO-like
+/// commands in the harness, without a Redis client).
+fn raw_command(port: u16, args: &[&str]) -> std::io::Result<String> {
+    let mut s = TcpStream::connect_timeout(
+        &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_millis(500),
+    )?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let mut req = format!("*{}\r\n", args.len());
+    for a in args {
+        req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    s.write_all(req.as_bytes())?;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut out = Vec::new();
+    loop {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+        if reply_complete(&out) {
+            break;
+        }
+    }
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+fn reply_complete(out: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(out);
+    match out.first() {
+        Some(b'+' | b'-' | b':') => text.ends_with("\r\n"),
+        Some(b'$') => {
+            let Some((len, rest)) = text[1..].split_once("\r\n") else {
+                return false;
+            };
+            match len.parse::<i64>() {
+                Ok(n) if n < 0 => true,
+                Ok(n) => rest.len() >= n as usize + 2,
+                Err(_) => true,
+            }
+        }
+        _ => text.ends_with("\r\n"),
+    }
+}
+
+fn wait_until(what: &str, mut ready: impl FnMut() -> bool) -> std::io::Result<()> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    while Instant::now() < deadline {
+        if ready() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err(std::io::Error::other(format!(
+        "timed out waiting for {what}"
+    )))
+}
+
+fn pings(port: u16) -> bool {
+    raw_command(port, &["PING"]).is_ok_and(|r| r.starts_with("+PONG"))
+}
+
+impl RedisServer {
+    /// Starts `redis-server` on a free loopback port in a fresh temporary directory and
+    /// waits until it answers PING. Panics when it cannot (a test harness).
+    pub fn start(opts: RedisOptions) -> RedisServer {
+        Self::try_start(opts).expect("start redis-server")
+    }
+
+    pub fn try_start(opts: RedisOptions) -> std::io::Result<RedisServer> {
+        let tmp = tempfile::Builder::new().prefix("wasq-redis-").tempdir()?;
+        let dir = tmp.path().to_path_buf();
+        let mut args = vec!["--save".to_owned(), String::new()];
+        match opts.appendfsync {
+            Some(f) => {
+                assert!(
+                    matches!(f.as_str(), "always" | "everysec" | "no"),
+                    "appendfsync {f:?}: expected always, everysec or no"
+                );
+                args.extend([
+                    "--appendonly".into(),
+                    "yes".into(),
+                    "--appendfsync".into(),
+                    f,
+                ]);
+            }
+            None => args.extend(["--appendonly".into(), "no".into()]),
+        }
+        args.extend(opts.extra_args);
+        Self::spawn_new(dir, args, Some(tmp), false)
+    }
+
+    fn spawn_new(
+        dir: PathBuf,
+        args: Vec<String>,
+        tmp: Option<tempfile::TempDir>,
+        cluster_node: bool,
+    ) -> std::io::Result<RedisServer> {
+        let mut last_err = None;
+        for _ in 0..5 {
+            let port = free_port(cluster_node)?;
+            let mut server = RedisServer {
+                child: None,
+                port,
+                dir: dir.clone(),
+                args: args.clone(),
+                _tmp: None,
+            };
+            match server.spawn() {
+                Ok(()) => {
+                    server._tmp = tmp;
+                    return Ok(server);
+                }
+                // Someone took the port between the check and the bind: try another.
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or_else(|| std::io::Error::other("redis-server did not start")))
+    }
+
+    fn spawn(&mut self) -> std::io::Result<()> {
+        let log = std::fs::File::create(self.dir.join("redis.log"))?;
+        let mut child = Command::new(REDIS_SERVER)
+            .arg("--port")
+            .arg(self.port.to_string())
+            .arg("--bind")
+            .arg("127.0.0.1")
+            .arg("--dir")
+            .arg(&self.dir)
+            .arg("--daemonize")
+            .arg("no")
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        let port = self.port;
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if pings(port) {
+                self.child = Some(child);
+                return Ok(());
+            }
+            if let Some(status) = child.try_wait()? {
+                let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
+                return Err(std::io::Error::other(format!(
+                    "redis-server exited with {status}: {}",
+                    log.lines().rev().take(5).collect::<Vec<_>>().join(" | ")
+                )));
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(std::io::Error::other("redis-server did not answer PING"));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's directory (AOF files, `redis.log`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// SIGKILL, and waits until the process is gone.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port and directory (so with AOF on, its data
+    /// comes back); kills it first if it still runs. Waits until it answers PING; panics
+    /// when it does not.
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            match self.spawn() {
+                Ok(()) => return,
+                // The old socket may linger for a moment.
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => panic!("restart redis-server on port {}: {e}", self.port),
+            }
+        }
+    }
+
+    /// Freezes the server (SIGSTOP) for `pause`, then lets it go on (SIGCONT), in the
+    /// background: clients see a server that accepts connections but never answers.
+    pub fn stop_for(&self, pause: Duration) {
+        let child = self.child.as_ref().expect("the server is running");
+        let pid = child.id().to_string();
+        signal("-STOP", &pid).expect("SIGSTOP redis-server");
+        std::thread::spawn(move || {
+            std::thread::sleep(pause);
+            let _ = signal("-CONT", &pid);
+        });
+    }
+
+    /// Runs one command through `redis-cli` against this server; returns its output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        cli(self.port, args).expect("redis-cli")
+    }
+}
+
+fn signal(sig: &str, pid: &str) -> std::io::Result<()> {
+    let status = Command::new("kill").arg(sig).arg(pid).status()?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(format!("kill {sig} {pid} failed")))
+    }
+}
+
+fn cli(port: u16, args: &[&str]) -> std::io::Result<String> {
+    let out = Command::new(REDIS_CLI)
+        .arg("-h")
+        .arg("127.0.0.1")
+        .arg("-p")
+        .arg(port.to_string())
+        .args(args)
+        .output()?;
+    if !out.status.success() {
+        return Err(std::io::Error::other(format!(
+            "redis-cli {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A Redis Cluster of masters only, each a `redis-server` with `--cluster-enabled yes`.
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+    _tmp: tempfile::TempDir,
+}
+
+impl RedisCluster {
+    /// Starts `masters` nodes (3 or more), joins them with `redis-cli --cluster create`
+    /// (slots split evenly, no replicas) and waits until every node reports
+    /// `cluster_state:ok`. Panics when it cannot (a test harness).
+    pub fn start(masters: usize) -> RedisCluster {
+        Self::try_start(masters).expect("start a redis cluster")
+    }
+
+    pub fn try_start(masters: usize) -> std::io::Result<RedisCluster> {
+        let tmp = tempfile::Builder::new()
+            .prefix("wasq-redis-cluster-")
+            .tempdir()?;
+        let mut nodes = Vec::with_capacity(masters);
+        for i in 0..masters {
+            let dir = tmp.path().join(format!("node{i}"));
+            std::fs::create_dir_all(&dir)?;
+            let args = [
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "5000",
+            ]
+            .map(String::from)
+            .to_vec();
+            nodes.push(RedisServer::spawn_new(dir, args, None, true)?);
+        }
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let mut args = vec!["--cluster", "create"];
+        args.extend(addrs.iter().map(String::as_str));
+        args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        cli(nodes[0].port, &args)?;
+        for n in &nodes {
+            wait_until("cluster_state:ok", || {
+                raw_command(n.port, &["CLUSTER", "INFO"])
+                    .is_ok_and(|r| r.contains("cluster_state:ok"))
+            })?;
+        }
+        Ok(RedisCluster { nodes, _tmp: tmp })
+    }
+
+    /// `redis+cluster://127.0.0.1:p1,127.0.0.1:p2,...`
+    pub fn url(&self) -> String {
+        let addrs: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        format!("redis+cluster://{}", addrs.join(","))
+    }
+
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+
+    /// The port of the master that serves `key`'s slot.
+    pub fn node_of(&self, key: &str) -> u16 {
+        self.try_node_of(key).expect("find the master of a key")
+    }
+
+    fn try_node_of(&self, key: &str) -> std::io::Result<u16> {
+        let slot: u16 = cli(self.nodes[0].port, &["CLUSTER", "KEYSLOT", key])?
+            .trim()
+            .parse()
+            .map_err(std::io::Error::other)?;
+        // CLUSTER NODES lines: id addr@bus flags master - ping pong epoch state slots...
+        let nodes = cli(self.nodes[0].port, &["CLUSTER", "NODES"])?;
+        for line in nodes.lines() {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            if parts.len() < 9 || !parts[2].contains("master") {
+                continue;
+            }
+            let port: u16 = parts[1]
+                .split(['@', ':'])
+                .nth(1)
+                .and_then(|p| p.parse().ok())
+                .ok_or_else(|| std::io::Error::other(format!("bad node line {line}")))?;
+            for range in &parts[8..] {
+                let (lo, hi) = match range.split_once('-') {
+                    Some((lo, hi)) => (lo.parse::<u16>(), hi.parse::<u16>()),
+                    None => (range.parse::<u16>(), range.parse::<u16>()),
+                };
+                if let (Ok(lo), Ok(hi)) = (lo, hi)
+                    && (lo..=hi).contains(&slot)
+                {
+                    return Ok(port);
+                }
+            }
+        }
+        Err(std::io::Error::other(format!(
+            "no master serves slot {slot}"
+        )))
+    }
+}

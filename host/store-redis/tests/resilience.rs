@@ -1,0 +1,344 @@
+//! Failure and wake-up behaviour against real redis-server processes: a dead or frozen
+//! Redis gives `Unavailable` quickly and the same store recovers; idle workers wake on new
+//! work and at due times; a big tenant does not starve a small one; startup warnings.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wasq_core::*;
+use wasq_store_redis::testing::{RedisCluster, RedisOptions, RedisServer};
+use wasq_store_redis::{RedisStore, StoreOptions};
+
+async fn deploy(store: &RedisStore, tenant: &str) {
+    store
+        .deploy(DeployRequest {
+            tenant: tenant.into(),
+            name: "f".into(),
+            digest: "d".into(),
+            component: b"c".to_vec(),
+            settings: FunctionSettings::default(),
+            events: vec![],
+            schedule: None,
+        })
+        .await
+        .expect("deploy");
+}
+
+fn request(tenant: &str, due_at: Option<i64>) -> EnqueueRequest {
+    EnqueueRequest {
+        tenant: tenant.into(),
+        function: "f".into(),
+        input: b"{}".to_vec(),
+        trigger: "api".into(),
+        due_at,
+        idempotency_key: None,
+        retry: None,
+        parent: None,
+    }
+}
+
+fn claim_req(limit: usize) -> ClaimRequest {
+    ClaimRequest {
+        worker: "w".into(),
+        limit,
+        lease_ms: 30_000,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_redis_is_unavailable_quickly_and_the_store_recovers() {
+    let mut server = RedisServer::start(RedisOptions {
+        appendfsync: Some("always".into()),
+        ..RedisOptions::default()
+    });
+    let store = RedisStore::connect(&server.url(), Arc::new(SystemClock))
+        .await
+        .unwrap();
+    deploy(&store, "t").await;
+    let before = store.enqueue(request("t", None)).await.unwrap().run;
+
+    server.kill();
+    for _ in 0..3 {
+        let t = Instant::now();
+        let err = store.enqueue(request("t", None)).await.unwrap_err();
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        assert!(err.is_retryable());
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "took {:?}",
+            t.elapsed()
+        );
+        eprintln!("killed: enqueue failed in {:?}: {err}", t.elapsed());
+        let t = Instant::now();
+        let err = store.claim(claim_req(1)).await.unwrap_err();
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        let err = store
+            .wait_for_work(Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+        assert!(
+            t.elapsed() < Duration::from_secs(4),
+            "took {:?}",
+            t.elapsed()
+        );
+    }
+
+    server.restart();
+    let t = Instant::now();
+    let after = loop {
+        match store.enqueue(request("t", None)).await {
+            Ok(e) => break e.run,
+            Err(e) if e.is_retryable() && t.elapsed() < Duration::from_secs(10) => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("store did not recover: {e}"),
+        }
+    };
+    eprintln!(
+        "restarted: the same store enqueued again after {:?}",
+        t.elapsed()
+    );
+    let got: Vec<_> = store
+        .claim(claim_req(10))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.run.id)
+        .collect();
+    assert_eq!(
+        got,
+        [before.id, after.id],
+        "AOF (always) kept the run from before"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_times_out_and_the_store_goes_on() {
+    let server = RedisServer::start(RedisOptions::default());
+    let store = RedisStore::connect(&server.url(), Arc::new(SystemClock))
+        .await
+        .unwrap();
+    deploy(&store, "t").await;
+    server.stop_for(Duration::from_secs(3));
+    let t = Instant::now();
+    let err = store.enqueue(request("t", None)).await.unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    assert!(
+        t.elapsed() < Duration::from_millis(2500),
+        "took {:?}",
+        t.elapsed()
+    );
+    eprintln!("frozen: enqueue failed in {:?}: {err}", t.elapsed());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let t = Instant::now();
+    loop {
+        match store.enqueue(request("t", None)).await {
+            Ok(_) => break,
+            Err(e) if e.is_retryable() && t.elapsed() < Duration::from_secs(10) => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("store did not recover: {e}"),
+        }
+    }
+    eprintln!("thawed: enqueue worked again after {:?}", t.elapsed());
+}
+
+/// An idle worker wakes when a run is enqueued, and at a delayed run's due time, by its
+/// own timer.
+async fn wake_ups(url: &str) {
+    let store = RedisStore::connect_with(
+        url,
+        Arc::new(SystemClock),
+        StoreOptions::default().with_namespace("wake"),
+    )
+    .await
+    .unwrap();
+    deploy(&store, "t").await;
+
+    // Nothing to do: waits the full time.
+    let t = Instant::now();
+    store
+        .wait_for_work(Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert!(
+        t.elapsed() >= Duration::from_millis(280),
+        "{:?}",
+        t.elapsed()
+    );
+
+    // A new run wakes the waiter.
+    let waiter = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let t = Instant::now();
+            store.wait_for_work(Duration::from_secs(10)).await.unwrap();
+            t.elapsed()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let run = store.enqueue(request("t", None)).await.unwrap().run;
+    let waited = waiter.await.unwrap();
+    eprintln!("woken by enqueue after {waited:?} (enqueued at ~200ms)");
+    assert!(waited < Duration::from_secs(2), "{waited:?}");
+    let c = store.claim(claim_req(1)).await.unwrap().remove(0);
+    assert_eq!(c.run.id, run.id);
+    store
+        .finish(
+            &c.lease,
+            Outcome::Succeeded {
+                output: b"1".to_vec(),
+                fuel_used: None,
+            },
+        )
+        .await
+        .unwrap();
+
+    // A delayed run: a worker loop (wait, claim) gets it at its due time. Wake-ups may
+    // come early (a token for the earlier run, or for the new due time); a claim then
+    // finds nothing and the next wait sleeps until the due time.
+    let due = SystemClock.now_ms() + 400;
+    store.enqueue(request("t", Some(due))).await.unwrap();
+    let mut waits = 0;
+    loop {
+        waits += 1;
+        assert!(waits <= 4, "too many wake-ups");
+        store.wait_for_work(Duration::from_secs(10)).await.unwrap();
+        if !store.claim(claim_req(1)).await.unwrap().is_empty() {
+            break;
+        }
+    }
+    let late = SystemClock.now_ms() - due;
+    eprintln!("delayed run: claimed {late} ms after its due time, after {waits} waits");
+    assert!((0..150).contains(&late), "claimed {late} ms after due");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wake_ups_single_node() {
+    let server = RedisServer::start(RedisOptions::default());
+    wake_ups(&server.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wake_ups_cluster() {
+    let cluster = RedisCluster::start(3);
+    wake_ups(&cluster.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_backlog_does_not_starve_another_tenant() {
+    let server = RedisServer::start(RedisOptions::default());
+    let clock = ManualClock::new(1_700_000_000_000);
+    let store = RedisStore::connect(&server.url(), Arc::new(clock.clone()))
+        .await
+        .unwrap();
+    deploy(&store, "big").await;
+    deploy(&store, "small").await;
+    for _ in 0..500 {
+        store.enqueue(request("big", None)).await.unwrap();
+    }
+    clock.advance(1);
+    let small = store.enqueue(request("small", None)).await.unwrap().run;
+    for limit in [1, 10] {
+        // Whatever tenant the rotation starts with, the small tenant's run is in the first
+        // two claims of size 1, or the first claim of size 10.
+        let mut got = vec![];
+        for _ in 0..(if limit == 1 { 2 } else { 1 }) {
+            got.extend(store.claim(claim_req(limit)).await.unwrap());
+        }
+        let ids: Vec<_> = got.iter().map(|c| c.run.id.clone()).collect();
+        assert!(ids.contains(&small.id), "limit {limit}: {ids:?}");
+        for c in got.iter().filter(|c| c.run.id == small.id) {
+            store.finish(&c.lease, Outcome::Released).await.unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_warnings_name_risky_settings() {
+    let risky = RedisServer::start(RedisOptions {
+        appendfsync: None,
+        extra_args: vec!["--maxmemory-policy".into(), "allkeys-lru".into()],
+    });
+    let store = RedisStore::connect(&risky.url(), Arc::new(SystemClock))
+        .await
+        .unwrap();
+    let warnings = store.startup_warnings().await;
+    eprintln!("{warnings:#?}");
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(warnings[0].contains("maxmemory-policy is allkeys-lru"));
+    assert!(warnings[1].contains("appendonly is no"));
+
+    let safe = RedisServer::start(RedisOptions {
+        appendfsync: Some("everysec".into()),
+        ..RedisOptions::default()
+    });
+    let store = RedisStore::connect(&safe.url(), Arc::new(SystemClock))
+        .await
+        .unwrap();
+    assert!(store.startup_warnings().await.is_empty());
+
+    let locked = RedisServer::start(RedisOptions {
+        appendfsync: Some("everysec".into()),
+        extra_args: vec!["--rename-command".into(), "CONFIG".into(), String::new()],
+    });
+    let store = RedisStore::connect(&locked.url(), Arc::new(SystemClock))
+        .await
+        .unwrap();
+    let warnings = store.startup_warnings().await;
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(warnings.iter().all(|w| w.starts_with("could not read")));
+
+    let cluster = RedisCluster::start(3);
+    let store = RedisStore::connect(&cluster.url(), Arc::new(SystemClock))
+        .await
+        .unwrap();
+    let warnings = store.startup_warnings().await;
+    assert_eq!(
+        warnings.len(),
+        1,
+        "one per setting, not per node: {warnings:?}"
+    );
+    assert!(warnings[0].contains("appendonly is no"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_waits_share_one_connection_and_lose_no_token() {
+    let server = RedisServer::start(RedisOptions::default());
+    let store = RedisStore::connect(&server.url(), Arc::new(SystemClock))
+        .await
+        .unwrap();
+    // Like a worker whose in-process wake-up wins the race against the store's wait.
+    for _ in 0..50 {
+        let wait = store.wait_for_work(Duration::from_secs(5));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(5), wait)
+                .await
+                .is_err()
+        );
+    }
+    let clients = server.cli(&["INFO", "clients"]);
+    let connected: usize = clients
+        .lines()
+        .find_map(|l| l.strip_prefix("connected_clients:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("connected_clients");
+    // The store's shared connection, its one blocking connection, and this redis-cli.
+    assert!(
+        connected <= 3,
+        "{connected} clients after 50 abandoned waits"
+    );
+    // A token arriving while nobody in this process waits is handed back, not swallowed.
+    server.cli(&["LPUSH", "wasq:g:{wasq}:wake", "1"]);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(server.cli(&["LLEN", "wasq:g:{wasq}:wake"]).trim(), "1");
+    // And the next wait takes it at once.
+    let t = Instant::now();
+    store.wait_for_work(Duration::from_secs(5)).await.unwrap();
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+}

@@ -1,0 +1,297 @@
+//! The daemon on Redis: many processes on one Redis surviving kill -9 of a worker
+//! (issue 4, done-means 2), and Redis itself killed -9 and kept down for 10 s while runs are
+//! created and executed (done-means 3 and 5). Each test starts its own `redis-server` on a
+//! free loopback port.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use wasq_server::StoreBackend;
+use wasq_store_redis::testing::{RedisOptions, RedisServer};
+use wasq_tests::{Api, Daemon, DaemonProcess, free_port, guest, wait_healthy};
+
+/// How many runs of `function` have `status` (counted up to 1000: enough to tell zero).
+async fn count(api: &Api, function: &str, status: &str) -> usize {
+    let (code, body) = api
+        .get(&format!(
+            "/v1/runs?function={function}&status={status}&limit=1000"
+        ))
+        .await;
+    assert_eq!(code, 200, "{body}");
+    body.as_array().unwrap().len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_and_two_workers_share_redis_and_survive_kill_9() {
+    const RUNS: usize = 2000;
+    let redis = RedisServer::start(RedisOptions::default());
+    let url = redis.url();
+    let dir = tempfile::tempdir().unwrap();
+    let data = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let (server_data, w1_data, w2_data) = (data("server"), data("w1"), data("w2"));
+    let _server = DaemonProcess::spawn(&[
+        "server",
+        "--redis",
+        &url,
+        "--listen",
+        &addr,
+        "--data",
+        &server_data,
+    ]);
+    let worker_args = |data: &str| {
+        [
+            "worker",
+            "--redis",
+            &url,
+            "--concurrency",
+            "16",
+            "--lease",
+            "2s",
+            "--data",
+            data,
+        ]
+        .map(str::to_owned)
+    };
+    let w1_args = worker_args(&w1_data);
+    let w2_args = worker_args(&w2_data);
+    let mut w1 = DaemonProcess::spawn(&w1_args.each_ref().map(String::as_str));
+    let _w2 = DaemonProcess::spawn(&w2_args.each_ref().map(String::as_str));
+    let operator = Api::new(addr.parse().unwrap());
+    wait_healthy(&operator, Duration::from_secs(30)).await;
+    let admin_key = std::fs::read_to_string(dir.path().join("server/admin.key")).unwrap();
+    let api = operator
+        .as_key(Some(admin_key.trim().to_owned()))
+        .new_tenant("acme")
+        .await;
+    // Lease losses count as attempts (3 kills may hit one run more than once).
+    api.deploy("three", guest("three_steps"), "max_attempts=6")
+        .await;
+
+    // Kill worker 1 three times while the runs are being created and executed.
+    let killer = tokio::spawn(async move {
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            w1.kill9();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            w1.respawn();
+        }
+        w1
+    });
+
+    let started = Instant::now();
+    let mut ids = Vec::with_capacity(RUNS);
+    for chunk in 0..RUNS / 50 {
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..50 {
+            let api = api.clone();
+            let input = format!(r#"{{"pause_ms": 10, "n": {}}}"#, chunk * 50 + i);
+            set.spawn(async move { api.start_run("three", &input).await });
+        }
+        ids.extend(set.join_all().await);
+    }
+    let created_in = started.elapsed();
+
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let active = count(&api, "three", "queued").await
+            + count(&api, "three", "running").await
+            + count(&api, "three", "sleeping").await;
+        if active == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{active} runs still not ended after 180 s"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let _w1 = killer.await.unwrap();
+    let took = started.elapsed();
+
+    let mut lost_attempts = 0;
+    let mut resumed_mid_run = 0;
+    for id in &ids {
+        let run = api.run(id).await;
+        assert_eq!(run["status"], "succeeded", "{run:#}");
+        for step in ["a", "b", "c"] {
+            let line = format!("step {step} body ran");
+            let times = run["logs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|l| l["message"] == line.as_str())
+                .count();
+            assert_eq!(
+                times, 1,
+                "the body of step {step} ran {times} times: {run:#}"
+            );
+        }
+        let attempts = run["attempts"].as_array().unwrap();
+        lost_attempts += attempts
+            .iter()
+            .filter(|a| a["error"]["reason"] == "lease_expired")
+            .count();
+        let out = &run["output"];
+        if out["a"] != out["c"] {
+            resumed_mid_run += 1;
+        }
+    }
+    eprintln!(
+        "{RUNS} runs created in {created_in:?}, all succeeded after {took:?}; \
+         {lost_attempts} attempts lost to kill -9, {resumed_mid_run} runs resumed mid-run"
+    );
+    assert!(
+        lost_attempts > 0 && resumed_mid_run > 0,
+        "the kills hit no run between its steps, so the test proved nothing"
+    );
+    let unique: HashSet<_> = ids.iter().collect();
+    assert_eq!(unique.len(), RUNS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_killed_and_down_for_10s_loses_no_accepted_run() {
+    let mut redis = RedisServer::start(RedisOptions {
+        appendfsync: Some("always".into()),
+        ..Default::default()
+    });
+    let url = redis.url();
+    let daemon = Daemon::start_with(|c| {
+        c.store = StoreBackend::Redis(url);
+        c.lease = Duration::from_secs(3);
+        c.concurrency = 8;
+    })
+    .await;
+    let api = daemon.api.clone();
+    api.deploy("echo", guest("echo"), "").await;
+
+    // Four clients create runs without pause until told to stop; each records what the API
+    // answered. Answers other than 201 must be 503 (never a 2xx for a run not stored).
+    let stop = Arc::new(AtomicBool::new(false));
+    let outage = Arc::new(AtomicBool::new(false));
+    let mut clients = tokio::task::JoinSet::new();
+    for c in 0..4 {
+        let (stop, outage) = (stop.clone(), outage.clone());
+        let http = api.http.clone();
+        let url = format!("{}/v1/functions/echo/runs", api.base);
+        clients.spawn(async move {
+            let (mut accepted, mut refused, mut refused_in_outage) = (vec![], 0, 0);
+            let mut n = 0;
+            while !stop.load(Ordering::SeqCst) {
+                n += 1;
+                let resp = http
+                    .post(&url)
+                    .body(format!(r#"{{"client": {c}, "n": {n}}}"#))
+                    .send()
+                    .await
+                    .expect("the API stays up while Redis is down");
+                match resp.status().as_u16() {
+                    201 => {
+                        let body: Value = resp.json().await.unwrap();
+                        accepted.push(body["id"].as_str().unwrap().to_owned());
+                    }
+                    503 => {
+                        refused += 1;
+                        if outage.load(Ordering::SeqCst) {
+                            refused_in_outage += 1;
+                        }
+                        let body: Value = resp.json().await.unwrap();
+                        assert_eq!(body["error"]["code"], "unavailable", "{body}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    other => panic!("creation answered {other}: {}", resp.text().await.unwrap()),
+                }
+            }
+            (accepted, refused, refused_in_outage)
+        });
+    }
+
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    redis.kill();
+    outage.store(true, Ordering::SeqCst);
+    let down = Instant::now();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    outage.store(false, Ordering::SeqCst);
+    redis.restart();
+    eprintln!("Redis was down for {:?}", down.elapsed());
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    stop.store(true, Ordering::SeqCst);
+
+    let mut accepted = vec![];
+    let (mut refused, mut refused_in_outage) = (0, 0);
+    for (a, r, o) in clients.join_all().await {
+        accepted.extend(a);
+        refused += r;
+        refused_in_outage += o;
+    }
+    assert!(
+        refused_in_outage > 0,
+        "no creation was refused while Redis was down"
+    );
+    eprintln!(
+        "{} runs accepted, {refused} creations answered 503 ({refused_in_outage} during the outage)",
+        accepted.len()
+    );
+
+    // Every accepted run is there and completes, including those created before the kill,
+    // without restarting the daemon.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for id in &accepted {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let run = api.wait_run(id, left).await;
+        assert_eq!(run["status"], "succeeded", "{run:#}");
+    }
+    daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_servers_on_one_redis_fire_each_cron_tick_once() {
+    let redis = RedisServer::start(RedisOptions::default());
+    let mut daemons = vec![];
+    for _ in 0..2 {
+        let url = redis.url();
+        daemons.push(
+            Daemon::start_with(|c| {
+                c.store = StoreBackend::Redis(url);
+                c.concurrency = 2;
+            })
+            .await,
+        );
+    }
+    let api = &daemons[0].api;
+    api.deploy("ticker", guest("echo"), "cron=*/1%20*%20*%20*%20*%20*")
+        .await;
+    // The first tick comes within 2 s of the deploy (a new schedule fires from the next
+    // whole second after a scheduler first sees it).
+    tokio::time::sleep(Duration::from_millis(12_000)).await;
+
+    let (_, runs) = api.get("/v1/runs?function=ticker&limit=1000").await;
+    let mut ticks: Vec<i64> = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let trigger = r["trigger"].as_str().unwrap();
+            let at = trigger.rsplit_once('@').unwrap().1;
+            humantime::parse_rfc3339(at)
+                .map(|t| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64)
+                .unwrap_or_else(|e| panic!("{trigger}: {e}"))
+        })
+        .collect();
+    ticks.sort();
+    let fired = ticks.len();
+    ticks.dedup();
+    assert_eq!(ticks.len(), fired, "a tick fired twice: {runs:#}");
+    assert!(fired >= 10, "{fired} ticks in 12 s");
+    assert_eq!(
+        ticks.last().unwrap() - ticks.first().unwrap() + 1,
+        fired as i64,
+        "no tick was skipped: {ticks:?}"
+    );
+    for d in daemons {
+        d.stop().await;
+    }
+}
