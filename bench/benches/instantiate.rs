@@ -43,6 +43,7 @@ fn spec(digest: &str, journal: Arc<dyn Journal>) -> AttemptSpec {
         journal,
         cancel: CancellationToken::new(),
         allow_hosts: vec![],
+        max_outbound_requests: None,
     }
 }
 

@@ -43,10 +43,13 @@ async fn wasq(url: &str, n: usize) -> (f64, f64) {
 
     // The API process deploys the function; it executes nothing.
     let mut config = wasq_tests::test_config(dir.path().join("server"));
+    // The bench deploys one trusted component: compile it here, not in a helper binary
+    // that `cargo bench` may not have built (or built from older code).
+    config.sandbox.compiler = wasq_server::Compiler::InProcess;
     config.store = StoreBackend::Redis(url.into());
     config.concurrency = 0;
     let server = wasq_server::start(config, shutdown.clone()).await.unwrap();
-    let api = wasq_tests::Api::new(server.addr.unwrap());
+    let api = wasq_tests::Api::with_key(server.addr.unwrap(), server.dev_key.clone());
     api.deploy("noop", wasq_tests::guest("echo"), "").await;
 
     let store = Arc::new(
@@ -69,6 +72,7 @@ async fn wasq(url: &str, n: usize) -> (f64, f64) {
                     idempotency_key: None,
                     retry: None,
                     parent: None,
+                    priority: None,
                 };
                 store.enqueue(req).await.unwrap();
             }

@@ -6,6 +6,7 @@
 //! It is not a library for other programs: use the HTTP API.
 
 mod client;
+mod flow;
 mod units;
 
 use std::net::SocketAddr;
@@ -61,7 +62,7 @@ enum Command {
     /// Execute runs from a shared Redis.
     Worker(WorkerArgs),
     /// Upload a component (.wasm) as a named function, with its limits and retry policy.
-    Deploy(DeployArgs),
+    Deploy(Box<DeployArgs>),
     /// Start a run of a function.
     Run(RunArgs),
     /// Inspect runs.
@@ -330,6 +331,8 @@ struct DeployArgs {
     /// `*.example.com` (every subdomain, not the apex) or an IP address. Default: none.
     #[arg(long = "allow-host", value_name = "PATTERN")]
     allow_hosts: Vec<String>,
+    #[command(flatten)]
+    flow: flow::FlowArgs,
     #[arg(long, value_enum, default_value_t)]
     output: Output,
 }
@@ -363,6 +366,9 @@ struct RunArgs {
     /// Overrides the function's max attempts for this run.
     #[arg(long)]
     max_attempts: Option<u32>,
+    /// Overrides the function's priority for this run (lower starts first).
+    #[arg(long, allow_negative_numbers = true)]
+    priority: Option<i32>,
     #[arg(long, value_enum, default_value_t)]
     output: Output,
 }
@@ -376,7 +382,7 @@ enum RunsCommand {
         /// Only the child runs of this run.
         #[arg(long)]
         parent: Option<String>,
-        /// queued, running, sleeping, waiting, succeeded, failed or cancelled.
+        /// queued, running, sleeping, waiting, succeeded, failed, cancelled or skipped.
         #[arg(long)]
         status: Option<String>,
         #[arg(long, default_value_t = 20)]
@@ -433,6 +439,9 @@ enum FunctionsCommand {
 
 /// Parses arguments, runs the command, and turns any error into one line and exit code 1.
 pub fn main() -> ExitCode {
+    // Started as a compile child by the sandbox (untrusted uploads are compiled in a
+    // child process under time and memory bounds): compile and exit. Otherwise a no-op.
+    wasq_server::compile_child_main();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -468,7 +477,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Dev(args) => dev(args, cli.admin_key.clone()).await,
         Command::Server(args) => server(args, cli.admin_key.clone()).await,
         Command::Worker(args) => worker(args).await,
-        Command::Deploy(args) => deploy(client()?, args).await,
+        Command::Deploy(args) => deploy(client()?, *args).await,
         Command::Run(args) => run(client()?, args).await,
         Command::Runs(RunsCommand::List {
             function,
@@ -643,6 +652,9 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                         println!("outbound HTTP: none (deploy with --allow-host to allow)");
                     } else {
                         println!("outbound HTTP to: {}", hosts.join(", "));
+                    }
+                    for line in flow::describe(&f["settings"]) {
+                        println!("{line}");
                     }
                 }
             }
@@ -929,6 +941,7 @@ async fn deploy(client: Client, args: DeployArgs) -> Result<ExitCode> {
     if !args.allow_hosts.is_empty() {
         query.push(("allow_hosts", args.allow_hosts.join(",")));
     }
+    query.extend(args.flow.query());
     let path = format!("/v1/functions/{}", client::path_segment(&args.name));
     let f = client.put_bytes(&path, &query, bytes).await?;
     match args.output {
@@ -949,8 +962,12 @@ async fn run(client: Client, args: RunArgs) -> Result<ExitCode> {
         "/v1/functions/{}/runs",
         client::path_segment(&args.function)
     );
-    if let Some(n) = args.max_attempts {
-        path.push_str(&format!("?max_attempts={n}"));
+    let mut params = vec![];
+    params.extend(args.max_attempts.map(|n| format!("max_attempts={n}")));
+    params.extend(args.priority.map(|n| format!("priority={n}")));
+    if !params.is_empty() {
+        path.push('?');
+        path.push_str(&params.join("&"));
     }
     let run = client
         .post_run(&path, input, args.idempotency_key.as_deref())
@@ -1004,7 +1021,10 @@ async fn wait_for(client: &Client, id: &str) -> Result<Value> {
     let mut delay = Duration::from_millis(20);
     loop {
         let run = client.get(&path, &[]).await?;
-        if matches!(str_of(&run["status"]), "succeeded" | "failed" | "cancelled") {
+        if matches!(
+            str_of(&run["status"]),
+            "succeeded" | "failed" | "cancelled" | "skipped"
+        ) {
             if let Some(bar) = &bar {
                 bar.finish_and_clear();
             }
@@ -1076,8 +1096,10 @@ async fn logs(client: Client, id: &str, follow: bool, output: Output) -> Result<
             return Ok(ExitCode::SUCCESS);
         }
         let run = client.get(&format!("/v1/runs/{seg}"), &[]).await?;
-        if matches!(str_of(&run["status"]), "succeeded" | "failed" | "cancelled")
-            && lines.is_empty()
+        if matches!(
+            str_of(&run["status"]),
+            "succeeded" | "failed" | "cancelled" | "skipped"
+        ) && lines.is_empty()
         {
             return Ok(ExitCode::SUCCESS);
         }

@@ -69,8 +69,25 @@ pub fn test_config(data_dir: PathBuf) -> wasq_server::Config {
     c.listen = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
     c.concurrency = 4;
     c.sandbox.max_instances = 16;
+    // Uploads compile in a child process, as in the shipped binary: this test binary's
+    // main is libtest's, so the child is the `wasq-e2e` binary (the real CLI). Only where
+    // it was not built (a bench) do they compile in process.
+    let helper = e2e_binary();
+    if helper.exists() {
+        c.sandbox.compiler = wasq_server::Compiler::Program(helper);
+    }
     c.shutdown_grace = Duration::from_secs(5);
     c
+}
+
+/// target/<profile>/wasq-e2e: integration tests run from target/<profile>/deps, and
+/// cargo builds the package's binaries next to that folder before running them.
+fn e2e_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("wasq-e2e")
 }
 
 /// The real daemon, in this process.
@@ -249,12 +266,12 @@ impl Api {
         body
     }
 
-    /// Polls until the run is succeeded, failed or cancelled.
+    /// Polls until the run is succeeded, failed, cancelled or skipped.
     pub async fn wait_run(&self, id: &str, within: Duration) -> Value {
         self.wait_until(id, within, |r| {
             matches!(
                 r["status"].as_str(),
-                Some("succeeded" | "failed" | "cancelled")
+                Some("succeeded" | "failed" | "cancelled" | "skipped")
             )
         })
         .await
@@ -283,14 +300,7 @@ impl Api {
 
 /// The `wasq` CLI as a child process (the same code as the shipped binary).
 pub fn wasq() -> Command {
-    // Integration tests run from target/<profile>/deps; cargo builds the package's binaries
-    // next to that folder before running them.
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("wasq-e2e");
+    let bin = e2e_binary();
     assert!(
         bin.exists(),
         "{} missing: run the tests through cargo",

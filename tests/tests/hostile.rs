@@ -143,3 +143,86 @@ async fn hostile_guests_are_contained() {
     assert_eq!((status, run["status"].as_str()), (200, Some("cancelled")));
     d.stop().await;
 }
+
+/// Guest log text is stored escaped, and a flood of lines ends at the per-attempt line
+/// budget with one marker while the run goes on to succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guest_logs_are_escaped_and_bounded() {
+    let d = Daemon::start().await;
+    d.api
+        .deploy(
+            "hostile",
+            guest("hostile"),
+            "timeout_ms=30000&max_attempts=1",
+        )
+        .await;
+    let logs = |id: String| {
+        let api = d.api.clone();
+        async move {
+            let (status, logs) = api.get(&format!("/v1/runs/{id}/logs")).await;
+            assert_eq!(status, 200, "{logs}");
+            logs.as_array().unwrap().clone()
+        }
+    };
+
+    let id = d
+        .api
+        .start_run("hostile", r#"{"attack":"log-escapes"}"#)
+        .await;
+    let run = d.api.wait_run(&id, WAIT).await;
+    assert_eq!(run["status"], "succeeded", "{run:#}");
+    let lines = logs(id).await;
+    let text = |source: &str| -> Vec<String> {
+        lines
+            .iter()
+            .filter(|l| l["source"] == source)
+            .map(|l| l["message"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    for l in &lines {
+        let m = l["message"].as_str().unwrap();
+        assert!(
+            !m.chars().any(|c| c.is_control() && c != '\t' && c != '\n'),
+            "a control character was stored: {m:?}"
+        );
+    }
+    assert_eq!(
+        text("guest"),
+        [r"\u{1b}[31mred\u{1b}[0m\n2024-01-01 INFO forged line\rover\u{7}\u{9b}2J\u{202e}evil"]
+    );
+    assert_eq!(
+        text("stdout"),
+        [r"\u{1b}]0;pwned title\u{7} nul:\u{0} del:\u{7f}"]
+    );
+    assert_eq!(text("stderr"), [r"\u{1b}[2J\u{1b}[Hcleared"]);
+
+    let started = Instant::now();
+    let id = d
+        .api
+        .start_run("hostile", r#"{"attack":"log-lines"}"#)
+        .await;
+    let run = d.api.wait_run(&id, WAIT).await;
+    assert_eq!(run["status"], "succeeded", "{run:#}");
+    assert_eq!(run["output"], "all lines written", "{run:#}");
+    let lines = logs(id).await;
+    let markers: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["message"].as_str().unwrap().contains("truncated"))
+        .collect();
+    assert_eq!(markers.len(), 1, "one marker: {markers:#?}");
+    assert!(
+        markers[0]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("log output truncated at 10000 lines"),
+        "{markers:#?}"
+    );
+    let guest_lines = lines.iter().filter(|l| l["source"] != "host").count();
+    assert_eq!(guest_lines, 10_000, "100,000 lines kept as {guest_lines}");
+    println!(
+        "log-lines: {} lines stored of 100,000 written, run took {:?}",
+        lines.len(),
+        started.elapsed()
+    );
+    d.stop().await;
+}

@@ -295,3 +295,24 @@ async fn two_servers_on_one_redis_fire_each_cron_tick_once() {
         d.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wasq_dev_on_redis_runs_the_tour() {
+    let redis = RedisServer::start(RedisOptions::default());
+    let home = tempfile::tempdir().unwrap();
+    let data = home.path().join(".wasq");
+    let dev = wasq_tests::DevProcess::spawn(&data, free_port(), &["--redis", &redis.url()]).await;
+    dev.api.deploy("echo", guest("echo"), "").await;
+    let (status, run) = dev
+        .api
+        .post("/v1/functions/echo/runs?wait=30s", r#"{"hello": "redis"}"#)
+        .await;
+    assert_eq!(status, 200, "{run}");
+    assert_eq!(run["output"]["hello"], "redis", "{run:#}");
+    // The run lives in Redis, under the tenant's hash tag.
+    let keys = redis.cli(&["KEYS", "wasq:{default}:run:*"]);
+    assert!(
+        keys.contains(run["id"].as_str().unwrap()),
+        "run not found in Redis: {keys}"
+    );
+}

@@ -11,11 +11,13 @@
 
 pub mod clock;
 pub mod conformance;
+pub mod flow;
 mod model;
 mod store;
 mod tenant;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use flow::{FlowControl, FlowKeys, FlowPlan, Gate, KeyExpr};
 pub use model::*;
 pub use store::*;
 pub use tenant::*;

@@ -3,6 +3,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Millis;
+use crate::flow::{FlowControl, FlowKeys};
 
 /// Runs are identified by UUIDv7 strings: unique across hosts, sortable by creation time.
 pub type RunId = String;
@@ -22,10 +23,13 @@ pub enum RunStatus {
     Succeeded,
     Failed,
     Cancelled,
+    /// Never ran, by flow control: dropped by a rate limit or replaced by a later run of
+    /// the same debounce key. The run's `error` says which.
+    Skipped,
 }
 
 impl RunStatus {
-    pub const ALL: [RunStatus; 7] = [
+    pub const ALL: [RunStatus; 8] = [
         RunStatus::Queued,
         RunStatus::Running,
         RunStatus::Sleeping,
@@ -33,6 +37,7 @@ impl RunStatus {
         RunStatus::Succeeded,
         RunStatus::Failed,
         RunStatus::Cancelled,
+        RunStatus::Skipped,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -44,13 +49,14 @@ impl RunStatus {
             RunStatus::Succeeded => "succeeded",
             RunStatus::Failed => "failed",
             RunStatus::Cancelled => "cancelled",
+            RunStatus::Skipped => "skipped",
         }
     }
 
     pub fn is_terminal(self) -> bool {
         matches!(
             self,
-            RunStatus::Succeeded | RunStatus::Failed | RunStatus::Cancelled
+            RunStatus::Succeeded | RunStatus::Failed | RunStatus::Cancelled | RunStatus::Skipped
         )
     }
 }
@@ -178,6 +184,7 @@ impl RetryPolicy {
             | ErrorReason::OutOfMemory
             | ErrorReason::Trap => self.retry_traps,
             ErrorReason::LeaseExpired | ErrorReason::Host => true,
+            ErrorReason::RateLimited | ErrorReason::Debounced => false,
         };
         if !retried {
             return None;
@@ -201,6 +208,9 @@ pub struct FunctionSettings {
     /// `*.example.com` for every subdomain (not the apex), IP literals. Empty: none.
     #[serde(default)]
     pub allow_hosts: Vec<String>,
+    /// Concurrency, throttle, rate limit, debounce and priority (see [`crate::flow`]).
+    #[serde(default, skip_serializing_if = "FlowControl::is_default")]
+    pub flow: FlowControl,
 }
 
 /// A named, deployed component. Redeploying a name replaces its component for new runs;
@@ -269,6 +279,10 @@ pub enum ErrorReason {
     LeaseExpired,
     /// The host could not run the attempt (component missing, store error).
     Host,
+    /// Skipped: the function's rate limit for the run's key was reached when it was created.
+    RateLimited,
+    /// Skipped: a later run with the same debounce key replaced it.
+    Debounced,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -405,6 +419,12 @@ pub struct Run {
     /// Attempts started so far.
     pub attempt: u32,
     pub trigger: String,
+    /// Lower starts first (see [`crate::flow`]).
+    #[serde(default)]
+    pub priority: i32,
+    /// The flow-control keys computed from the input when the run was created.
+    #[serde(default, skip_serializing_if = "FlowKeys::is_empty")]
+    pub keys: FlowKeys,
     /// The key this run was created with, for deduplicating retried requests.
     #[serde(default)]
     pub idempotency_key: Option<String>,

@@ -16,11 +16,22 @@ pub trait Store: Send + Sync + 'static {
     async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError>;
 
     /// Creates a queued run of an existing function (pinning its digest and settings), or
-    /// returns the run created earlier with the same idempotency key.
+    /// returns the run created earlier with the same idempotency key. Applies the
+    /// function's flow control ([`crate::flow`]): a run over its rate limit is created as
+    /// `skipped`; a debounced run replaces (skips) the pending run of its key and is due
+    /// one debounce period from now. Fails with [`StoreError::QuotaExceeded`], creating
+    /// nothing, when the run would put the tenant above its `max_queued` (child runs,
+    /// `parent` set, are exempt: work already admitted can finish).
     async fn enqueue(&self, req: EnqueueRequest) -> Result<Enqueued, StoreError>;
     /// Leases up to `limit` due runs (queued; sleeping and due; waiting past its timeout,
-    /// which then resolves as timed out), oldest due first; also
-    /// takes back runs whose lease expired (their worker died) and hands them out again.
+    /// which then resolves as timed out); also takes back runs whose lease expired (their
+    /// worker died) and hands them out again.
+    ///
+    /// Order and limits: tenants take turns (round robin, one run per tenant per turn), so
+    /// a tenant's backlog cannot delay another tenant's runs; within a tenant, lowest rank
+    /// first (due time + priority × aging step; ties in creation order). A run is skipped
+    /// (stays queued) while its concurrency key is at its limit, its throttle window is
+    /// full (first starts only) or its tenant has `max_running` runs running.
     async fn claim(&self, req: ClaimRequest) -> Result<Vec<Claimed>, StoreError>;
     /// Extends leases; returns the runs whose lease is no longer held or whose cancellation
     /// was requested (stop those attempts).
@@ -37,7 +48,9 @@ pub trait Store: Send + Sync + 'static {
     /// Queues a failed or cancelled run again, with a fresh budget of attempts.
     async fn retry(&self, tenant: &str, id: &str) -> Result<Run, StoreError>;
     /// Records an event (once per id), starts a run of every subscribed function and
-    /// resumes every run waiting for a matching event.
+    /// resumes every run waiting for a matching event. An event that would start runs
+    /// beyond the tenant's `max_queued` is refused as a whole ([`StoreError::QuotaExceeded`],
+    /// nothing recorded), so sending it again later works.
     async fn send_event(&self, req: EventRequest) -> Result<EventSent, StoreError>;
 
     async fn run(&self, tenant: &str, id: &str) -> Result<Option<RunDetail>, StoreError>;
@@ -70,7 +83,7 @@ pub struct DeployRequest {
     pub schedule: Option<Schedule>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct EnqueueRequest {
     pub tenant: String,
     pub function: String,
@@ -86,6 +99,21 @@ pub struct EnqueueRequest {
     /// Set for a child run started by `invoke` or `call`: the parent is resumed when a
     /// `call` waits for it.
     pub parent: Option<RunId>,
+    /// Overrides the function's priority for this run (lower starts first).
+    pub priority: Option<i32>,
+}
+
+/// The `retry_after_ms` of a refused enqueue: a hint, the backlog usually moves by then.
+pub const QUOTA_RETRY_AFTER_MS: u64 = 1_000;
+
+/// The error of an enqueue refused by `max_queued`.
+pub fn queue_quota_exceeded(tenant: &str, max_queued: u64) -> StoreError {
+    StoreError::QuotaExceeded {
+        message: format!(
+            "tenant {tenant:?} has {max_queued} runs queued, its max_queued quota: try again once some have started"
+        ),
+        retry_after_ms: QUOTA_RETRY_AFTER_MS,
+    }
 }
 
 #[derive(Debug, Clone)]

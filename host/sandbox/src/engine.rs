@@ -1,15 +1,13 @@
-//! The wasmtime engine, the linker, compilation under a time bound, and the on-disk cache
-//! of compiled artifacts.
+//! The wasmtime engine and its accepted WebAssembly features, the linker, and the on-disk
+//! cache of compiled artifacts.
 
 use std::hash::Hasher;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
-use tokio::sync::Semaphore;
 use wasmtime::component::{Component, Linker};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, WasmFeatures};
 
 use crate::host::{self, State};
 use crate::limits::MAX_TABLE_ELEMENTS;
@@ -25,6 +23,34 @@ const TABLES_PER_COMPONENT: u32 = 4;
 /// Guest call stack; the async fiber stack (2 MiB by default) must exceed it.
 const MAX_WASM_STACK: usize = 1 << 20;
 
+/// The WebAssembly features a component may use: WebAssembly 2.0 (bulk memory,
+/// reference types, multi-value, SIMD, ...), the component model, tail calls, extended
+/// constant expressions and relaxed SIMD (in its deterministic mode, so that fuel and
+/// results do not depend on the machine). Everything else is refused when an upload is
+/// validated, with the feature named: threads and shared memory, memory64, GC, typed
+/// function references, exceptions, multi-memory (the pool gives each module one
+/// memory), stack switching, custom page sizes, wide arithmetic and the component
+/// model's async, threading and other extensions.
+pub(crate) const ALLOWED_FEATURES: WasmFeatures = WasmFeatures::WASM2
+    .union(WasmFeatures::COMPONENT_MODEL)
+    .union(WasmFeatures::TAIL_CALL)
+    .union(WasmFeatures::EXTENDED_CONST)
+    .union(WasmFeatures::RELAXED_SIMD);
+
+/// Everything of the engine configuration that shapes compiled code. The compile child
+/// builds its engine from this alone; the parent adds the pooling allocator, which does
+/// not change compiled code (wasmtime checks the rest when it loads an artifact).
+pub(crate) fn compile_config() -> Config {
+    let mut cfg = Config::new();
+    cfg.wasm_component_model(true)
+        .wasm_features(WasmFeatures::all().difference(ALLOWED_FEATURES), false)
+        .relaxed_simd_deterministic(true)
+        .consume_fuel(true)
+        .epoch_interruption(true)
+        .max_wasm_stack(MAX_WASM_STACK);
+    cfg
+}
+
 pub(crate) fn engine(config: &SandboxConfig) -> Result<Engine, SandboxError> {
     let n = config.max_instances.max(1);
     let max_memory = usize::try_from(config.max_memory_bytes)
@@ -38,12 +64,8 @@ pub(crate) fn engine(config: &SandboxConfig) -> Result<Engine, SandboxError> {
         .max_memory_size(max_memory)
         .table_elements(MAX_TABLE_ELEMENTS);
 
-    let mut cfg = Config::new();
-    cfg.wasm_component_model(true)
-        .consume_fuel(true)
-        .epoch_interruption(true)
-        .max_wasm_stack(MAX_WASM_STACK)
-        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    let mut cfg = compile_config();
+    cfg.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     Engine::new(&cfg).map_err(|e| SandboxError::Engine(format!("{e:#}")))
 }
 
@@ -73,41 +95,6 @@ pub(crate) fn engine_key(engine: &Engine) -> String {
     let mut h = Sha(Sha256::new());
     std::hash::Hash::hash(&engine.precompile_compatibility_hash(), &mut h);
     hex::encode(h.0.finalize())[..16].to_string()
-}
-
-pub(crate) enum CompileError {
-    Timeout,
-    Failed(String),
-}
-
-/// Compiles on a blocking thread. Cranelift cannot be interrupted, so a compile that
-/// outlives the timeout keeps its permit until it really ends: a flood of pathological
-/// uploads waits for permits instead of piling up threads.
-pub(crate) async fn compile(
-    engine: &Engine,
-    permits: &Arc<Semaphore>,
-    bytes: &[u8],
-    timeout: std::time::Duration,
-) -> Result<Component, CompileError> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let permit = tokio::time::timeout_at(deadline, permits.clone().acquire_owned())
-        .await
-        .map_err(|_| CompileError::Timeout)?
-        .map_err(|_| CompileError::Failed("the compiler is shut down".into()))?;
-    let engine = engine.clone();
-    let bytes = bytes.to_vec();
-    let job = tokio::task::spawn_blocking(move || {
-        let _permit = permit;
-        Component::new(&engine, &bytes)
-    });
-    match tokio::time::timeout_at(deadline, job).await {
-        Err(_) => Err(CompileError::Timeout),
-        Ok(Err(join)) => Err(CompileError::Failed(format!(
-            "the compiler crashed: {join}"
-        ))),
-        Ok(Ok(Err(e))) => Err(CompileError::Failed(format!("{e:#}"))),
-        Ok(Ok(Ok(c))) => Ok(c),
-    }
 }
 
 /// Compiled artifacts on local disk, keyed by component digest and engine configuration.
@@ -184,9 +171,10 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 fn deserialize_cached(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
     // SAFETY: `Component::deserialize_file` trusts its input to be wasmtime-compiled code.
     // Files in the cache directory are written only by `DiskCache::put`, from
-    // `Component::serialize` of a component this process compiled, and their name carries
-    // the engine's compatibility hash; user-supplied bytes never reach this path (uploads
-    // are always compiled with `Component::new`). wasmtime additionally checks the
-    // artifact's header, version and engine settings and errors on a mismatch.
+    // `Component::serialize` of a component this host compiled (in process or in its
+    // compile child, see compile.rs), and their name carries the engine's compatibility
+    // hash; user-supplied bytes never reach this path (uploads are refused unless they are
+    // a WebAssembly component binary, and are only ever compiled). wasmtime additionally
+    // checks the artifact's header, version and engine settings and errors on a mismatch.
     unsafe { Component::deserialize_file(engine, path) }
 }

@@ -75,6 +75,7 @@ pub(crate) struct StateParams {
     pub steps: Vec<StepRecord>,
     pub memory_limit: u64,
     pub log_bytes: usize,
+    pub log_lines: usize,
     pub max_output_bytes: usize,
     pub inline_sleep_max_ms: u64,
     pub max_durable_ops: u32,
@@ -88,7 +89,12 @@ pub(crate) struct StateParams {
 
 impl State {
     pub(crate) fn new(p: StateParams) -> State {
-        let logs = Arc::new(LogSink::new(p.journal.clone(), p.info.attempt, p.log_bytes));
+        let logs = Arc::new(LogSink::new(
+            p.journal.clone(),
+            p.info.attempt,
+            p.log_bytes,
+            p.log_lines,
+        ));
         // The builder starts with nothing: no preopens, env, args or inherited stdio, and a
         // socket address check that refuses everything. Only stdout/stderr are wired, and
         // only into the attempt's log.
@@ -529,20 +535,62 @@ pub(crate) fn truncate_utf8(mut s: String, max: usize) -> String {
 /// How much of stderr is kept (outside the log budget) to find a Rust panic message.
 const STDERR_TAIL_BYTES: usize = 8 << 10;
 
-/// Turns guest output into log lines, charging every byte to one per-attempt budget.
+/// Longest stdout/stderr line buffered: a longer one is cut into lines of this size.
+const MAX_STREAM_LINE_BYTES: usize = 16 << 10;
+
+/// Makes guest text safe to print in a terminal or show in a log viewer: C0 and C1
+/// control characters, DEL and the Unicode bidirectional overrides become visible
+/// escapes (`\n`, `\r`, `\u{1b}`), so a guest can neither forge log lines nor send
+/// terminal escape sequences. Tabs stay, and so do newlines when `keep_newlines` (text
+/// wasq composed, such as a backtrace). Stops before `max` bytes; the bool says whether
+/// everything fitted.
+pub(crate) fn escape_controls(s: &str, keep_newlines: bool, max: usize) -> (String, bool) {
+    let mut out = String::with_capacity(s.len().min(max));
+    for c in s.chars() {
+        let start = out.len();
+        match c {
+            '\t' => out.push(c),
+            '\n' if keep_newlines => out.push(c),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if c.is_control() || is_bidi_control(c) => {
+                use std::fmt::Write;
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+        if out.len() > max {
+            out.truncate(start);
+            return (out, false);
+        }
+    }
+    (out, true)
+}
+
+/// Characters that reorder the text around them when displayed ("Trojan Source").
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// Turns guest output into log lines, escaped (see [`escape_controls`]) and charged to
+/// one per-attempt budget of bytes (as stored, escapes included, plus one per line) and
+/// lines.
 ///
-/// Past the budget bytes are dropped *silently*: a write error would make the guest's
-/// `println!` panic, turning chatty-but-correct code into a failed attempt.
+/// Past the budget lines are dropped *silently* for the guest, with a single marker line
+/// in the log: a write error would make the guest's `println!` panic, turning
+/// chatty-but-correct code into a failed attempt.
 pub(crate) struct LogSink {
     journal: Arc<dyn Journal>,
     attempt: u32,
-    cap: usize,
+    max_bytes: usize,
+    max_lines: usize,
     state: Mutex<SinkState>,
 }
 
 #[derive(Default)]
 struct SinkState {
-    used: usize,
+    bytes: usize,
+    lines: usize,
     truncated: bool,
     stdout: Vec<u8>,
     stderr: Vec<u8>,
@@ -550,11 +598,17 @@ struct SinkState {
 }
 
 impl LogSink {
-    pub(crate) fn new(journal: Arc<dyn Journal>, attempt: u32, cap: usize) -> LogSink {
+    pub(crate) fn new(
+        journal: Arc<dyn Journal>,
+        attempt: u32,
+        max_bytes: usize,
+        max_lines: usize,
+    ) -> LogSink {
         LogSink {
             journal,
             attempt,
-            cap,
+            max_bytes,
+            max_lines,
             state: Mutex::default(),
         }
     }
@@ -575,28 +629,60 @@ impl LogSink {
         }
     }
 
-    /// A line from wasq itself about this attempt; not charged to the budget.
+    /// A line from wasq itself about this attempt; not charged to the budget. It may
+    /// quote the guest (a URL, a backtrace), so it is escaped too, newlines apart.
     pub(crate) fn host(&self, level: LogLevel, message: String) {
+        let (message, _) = escape_controls(&message, true, usize::MAX);
         self.journal.log(self.line(level, LogSource::Host, message));
     }
 
-    /// Charges up to `n` bytes to the budget; returns how many may be kept.
-    fn allow(&self, st: &mut SinkState, n: usize) -> usize {
-        let allowed = n.min(self.cap - st.used);
-        st.used += allowed;
-        allowed
+    /// Escapes `text` and keeps it as a line if the budget allows, or as much of it as
+    /// fits; past the budget, adds the one truncation marker.
+    fn push(
+        &self,
+        st: &mut SinkState,
+        out: &mut Vec<LogLine>,
+        level: LogLevel,
+        source: LogSource,
+        text: &str,
+    ) {
+        if st.truncated {
+            return;
+        }
+        if st.lines >= self.max_lines {
+            return self.overflowed(st, out, format!("{} lines", self.max_lines));
+        }
+        // +1 as if for the newline: empty lines must not be free, or a guest could
+        // write unlimited numbers of them.
+        let room = self.max_bytes - st.bytes;
+        if room == 0 {
+            return self.overflowed(st, out, format!("{} bytes", self.max_bytes));
+        }
+        let (escaped, complete) = escape_controls(text, false, room - 1);
+        if complete || !escaped.is_empty() {
+            st.bytes += escaped.len() + 1;
+            st.lines += 1;
+            out.push(self.line(level, source, escaped));
+        }
+        if !complete {
+            self.overflowed(st, out, format!("{} bytes", self.max_bytes));
+        }
     }
 
-    /// The first time the budget overflows: flush the partial lines (they hold the last
-    /// bytes kept) and add the single truncation notice.
-    fn overflowed(&self, st: &mut SinkState, out: &mut Vec<LogLine>) {
+    /// The first time the budget overflows: drop the partial lines (there is no room for
+    /// them) and add the single truncation notice.
+    fn overflowed(&self, st: &mut SinkState, out: &mut Vec<LogLine>, limit: String) {
         if !st.truncated {
             st.truncated = true;
-            self.flush_partial(st, out);
+            st.stdout = Vec::new();
+            st.stderr = Vec::new();
             out.push(self.line(
                 LogLevel::Warn,
                 LogSource::Host,
-                format!("log output truncated at {} bytes", self.cap),
+                format!(
+                    "log output truncated at {limit}, this attempt's log limit: the rest of \
+                     its log is dropped (the attempt goes on)"
+                ),
             ));
         }
     }
@@ -607,13 +693,11 @@ impl LogSink {
             (LogSource::Stderr, LogLevel::Warn),
         ] {
             let buf = match source {
-                LogSource::Stdout => &mut st.stdout,
-                _ => &mut st.stderr,
+                LogSource::Stdout => std::mem::take(&mut st.stdout),
+                _ => std::mem::take(&mut st.stderr),
             };
             if !buf.is_empty() {
-                let text = String::from_utf8_lossy(buf).into_owned();
-                buf.clear();
-                out.push(self.line(level, source, text));
+                self.push(st, out, level, source, &String::from_utf8_lossy(&buf));
             }
         }
     }
@@ -626,53 +710,54 @@ impl LogSink {
 
     pub(crate) fn guest(&self, level: LogLevel, message: String) {
         let mut out = Vec::new();
-        {
-            let mut st = self.lock();
-            // +1 as if for the newline: empty lines must not be free, or a guest could
-            // write unlimited numbers of them.
-            let cost = message.len() + 1;
-            let keep = self.allow(&mut st, cost);
-            if keep == cost || keep > 1 {
-                out.push(self.line(level, LogSource::Guest, truncate_utf8(message, keep - 1)));
-            }
-            if keep < cost {
-                self.overflowed(&mut st, &mut out);
-            }
-        }
+        self.push(
+            &mut self.lock(),
+            &mut out,
+            level,
+            LogSource::Guest,
+            &message,
+        );
         self.emit(out);
     }
 
     fn stream(&self, source: LogSource, bytes: &[u8]) {
         let mut out = Vec::new();
         {
-            let mut st = self.lock();
+            let mut guard = self.lock();
+            let st = &mut *guard;
             if source == LogSource::Stderr {
                 st.stderr_tail.extend_from_slice(bytes);
                 let excess = st.stderr_tail.len().saturating_sub(STDERR_TAIL_BYTES);
                 st.stderr_tail.drain(..excess);
             }
-            let keep = self.allow(&mut st, bytes.len());
-            let (buf, level) = match source {
-                LogSource::Stdout => (&mut st.stdout, LogLevel::Info),
-                _ => (&mut st.stderr, LogLevel::Warn),
+            let level = match source {
+                LogSource::Stdout => LogLevel::Info,
+                _ => LogLevel::Warn,
             };
-            for &b in &bytes[..keep] {
+            for &b in bytes {
+                if st.truncated {
+                    break;
+                }
+                let buf = match source {
+                    LogSource::Stdout => &mut st.stdout,
+                    _ => &mut st.stderr,
+                };
                 if b == b'\n' {
                     if buf.last() == Some(&b'\r') {
                         buf.pop();
                     }
+                    let line = std::mem::take(buf);
                     // Blank lines (Rust's panic output starts with one) carry nothing.
-                    if !buf.is_empty() {
-                        let text = String::from_utf8_lossy(buf).into_owned();
-                        out.push(self.line(level, source, text));
+                    if !line.is_empty() {
+                        self.push(st, &mut out, level, source, &String::from_utf8_lossy(&line));
                     }
-                    buf.clear();
                 } else {
                     buf.push(b);
+                    if buf.len() >= MAX_STREAM_LINE_BYTES {
+                        let line = std::mem::take(buf);
+                        self.push(st, &mut out, level, source, &String::from_utf8_lossy(&line));
+                    }
                 }
-            }
-            if keep < bytes.len() {
-                self.overflowed(&mut st, &mut out);
             }
         }
         self.emit(out);
@@ -811,12 +896,15 @@ mod tests {
             .collect()
     }
 
+    const LINES: usize = 10_000;
+
     #[test]
     fn stdout_lines_split_and_cap_drops_silently() {
         let j = Arc::new(Lines::default());
-        let sink = LogSink::new(j.clone(), 1, 13);
+        // "hello\n" + "world\n" = 12 bytes; 3 more hold "mo" and the newline.
+        let sink = LogSink::new(j.clone(), 1, 15, LINES);
         sink.stream(LogSource::Stdout, b"hello\r\n\nwor");
-        sink.stream(LogSource::Stdout, b"ld\nmore text");
+        sink.stream(LogSource::Stdout, b"ld\nmore text\n");
         sink.stream(LogSource::Stdout, b"dropped\n");
         sink.finish();
         assert_eq!(
@@ -824,7 +912,13 @@ mod tests {
             vec![
                 (LogSource::Stdout, "hello".into()),
                 (LogSource::Stdout, "world".into()),
-                (LogSource::Host, "log output truncated at 13 bytes".into()),
+                (LogSource::Stdout, "mo".into()),
+                (
+                    LogSource::Host,
+                    "log output truncated at 15 bytes, this attempt's log limit: the rest of \
+                     its log is dropped (the attempt goes on)"
+                        .into()
+                ),
             ]
         );
     }
@@ -832,30 +926,98 @@ mod tests {
     #[test]
     fn guest_lines_share_the_budget_and_empty_lines_cost() {
         let j = Arc::new(Lines::default());
-        let sink = LogSink::new(j.clone(), 1, 10);
+        let sink = LogSink::new(j.clone(), 1, 10, LINES);
         sink.guest(LogLevel::Info, "abc".into());
         sink.stream(LogSource::Stderr, b"de\n");
         for _ in 0..10 {
             sink.guest(LogLevel::Info, String::new());
         }
         sink.guest(LogLevel::Info, "never".into());
+        let got = texts(&j);
         assert_eq!(
-            texts(&j),
-            vec![
+            got[..5],
+            [
                 (LogSource::Guest, "abc".into()),
                 (LogSource::Stderr, "de".into()),
                 (LogSource::Guest, "".into()),
                 (LogSource::Guest, "".into()),
                 (LogSource::Guest, "".into()),
-                (LogSource::Host, "log output truncated at 10 bytes".into()),
+            ]
+        );
+        assert_eq!(got.len(), 6, "{got:?}");
+        assert!(got[5].1.starts_with("log output truncated at 10 bytes"));
+    }
+
+    #[test]
+    fn the_line_budget_ends_with_one_marker() {
+        let j = Arc::new(Lines::default());
+        let sink = LogSink::new(j.clone(), 1, 1 << 20, 3);
+        for i in 0..100 {
+            sink.guest(LogLevel::Info, format!("line {i}"));
+            sink.stream(LogSource::Stdout, b"out\n");
+        }
+        sink.finish();
+        let got = texts(&j);
+        assert_eq!(got.len(), 4, "{got:?}");
+        assert_eq!(got[2], (LogSource::Guest, "line 1".into()));
+        assert!(
+            got[3].1.starts_with("log output truncated at 3 lines"),
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn control_characters_are_escaped() {
+        let j = Arc::new(Lines::default());
+        let sink = LogSink::new(j.clone(), 1, 1 << 20, LINES);
+        sink.guest(
+            LogLevel::Info,
+            "\x1b[31mred\x1b[0m\nINFO forged line\rover\x07\u{9b}2J\u{202e}evil\tok".into(),
+        );
+        sink.stream(LogSource::Stdout, b"\x1b]0;title\x07 \x00 \x7f\n");
+        sink.host(LogLevel::Error, "backtrace:\n  0: \x1b[2Jf".into());
+        assert_eq!(
+            texts(&j),
+            vec![
+                (
+                    LogSource::Guest,
+                    "\\u{1b}[31mred\\u{1b}[0m\\nINFO forged line\\rover\\u{7}\\u{9b}2J\\u{202e}evil\tok"
+                        .into()
+                ),
+                (LogSource::Stdout, "\\u{1b}]0;title\\u{7} \\u{0} \\u{7f}".into()),
+                (LogSource::Host, "backtrace:\n  0: \\u{1b}[2Jf".into()),
             ]
         );
     }
 
     #[test]
+    fn escapes_count_against_the_budget_and_are_never_cut() {
+        let j = Arc::new(Lines::default());
+        // 4 + 1 bytes fit: "ab" and the start of an escape would not.
+        let sink = LogSink::new(j.clone(), 1, 8, LINES);
+        sink.guest(LogLevel::Info, "ab\x1bcd".into());
+        let got = texts(&j);
+        assert_eq!(got[0], (LogSource::Guest, "ab".into()));
+        assert!(got[1].1.contains("truncated at 8 bytes"), "{got:?}");
+    }
+
+    #[test]
+    fn long_stream_lines_are_cut() {
+        let j = Arc::new(Lines::default());
+        let sink = LogSink::new(j.clone(), 1, 1 << 20, LINES);
+        sink.stream(
+            LogSource::Stdout,
+            &vec![b'x'; MAX_STREAM_LINE_BYTES * 2 + 5],
+        );
+        sink.finish();
+        let lens: Vec<usize> = texts(&j).iter().map(|(_, t)| t.len()).collect();
+        assert_eq!(lens, [MAX_STREAM_LINE_BYTES, MAX_STREAM_LINE_BYTES, 5]);
+    }
+
+    #[test]
     fn panic_message_is_found_in_stderr() {
         let j = Arc::new(Lines::default());
-        let sink = LogSink::new(j.clone(), 1, 1 << 20);
+        let sink = LogSink::new(j.clone(), 1, 1 << 20, LINES);
         sink.stream(
             LogSource::Stderr,
             b"\nthread '<unnamed>' panicked at src/lib.rs:3:5:\nboom\nnote: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n",

@@ -6,8 +6,14 @@
 //!   `InstancePre` (`TaskPre`); every attempt then gets a fresh `Store` and an instance
 //!   from the pooling allocator, so starting an attempt costs tens of microseconds and no
 //!   state survives from one attempt to the next. Uploads are validated by compiling them
-//!   under a time bound; compiled artifacts are cached on disk keyed by digest and engine
-//!   configuration, and only this host's own artifacts are ever deserialized.
+//!   in a child process bounded in wall-clock time and address space (compile.rs), with
+//!   an explicit set of WebAssembly features (engine.rs); compiled artifacts are cached on
+//!   disk keyed by digest and engine configuration.
+//! - `Component::deserialize` only ever sees bytes this host produced: the compile
+//!   child's artifact (compile.rs, `load_artifact`) and the disk cache (engine.rs,
+//!   `deserialize_cached`), whose files only `DiskCache::put` writes. Uploads must be a
+//!   component binary (`check_header` refuses precompiled `.cwasm` and WAT text) and are
+//!   only ever compiled.
 //! - Guests are CPU-bound and run on the same tokio runtime as the API and lease renewals.
 //!   Every epoch tick (10 ms) the guest yields to the executor, and the same tick enforces
 //!   the wall-clock limit and cancellation, so no guest can starve the process.
@@ -25,11 +31,13 @@
 //! compiled-artifact cache and guests' outbound HTTP: step outputs and logs go to the
 //! caller's [`Journal`].
 
+mod compile;
 mod egress;
 mod engine;
 mod host;
 mod limits;
 
+pub use compile::{CHILD_ARG, Compiler, compile_child_main};
 pub use egress::{EgressConfig, MAX_ALLOW_HOSTS, normalize_allow_host};
 
 use std::collections::HashMap;
@@ -44,7 +52,8 @@ use wasmtime::component::{Component, Linker};
 use wasmtime::{Engine, Store, UpdateDeadline};
 use wasq_core::{ErrorReason, Limits, LogLine, Progress, RunError, StepRecord};
 
-use crate::engine::{CompileError, DiskCache};
+use crate::compile::CompileError;
+use crate::engine::DiskCache;
 use crate::host::{State, StateParams, TaskPre};
 use crate::limits::{Ending, Stop, failed};
 
@@ -71,9 +80,18 @@ pub struct SandboxConfig {
     pub max_memory_bytes: u64,
     /// Largest component accepted by [`Sandbox::validate`].
     pub max_component_bytes: usize,
+    /// Where components are compiled: see [`Compiler`].
+    pub compiler: Compiler,
+    /// Wall-clock bound of one compile, waiting for a compile slot included.
     pub compile_timeout: Duration,
-    /// Cap on guest `log.write` + stdout + stderr bytes per attempt.
+    /// Address space of a compile child (`RLIMIT_AS`); not enforced by
+    /// [`Compiler::InProcess`].
+    pub compile_memory_bytes: u64,
+    /// Cap on guest `log.write` + stdout + stderr bytes per attempt, counted after
+    /// escaping control characters.
     pub log_bytes_per_attempt: usize,
+    /// Cap on guest log lines (log.write calls and stdout/stderr lines) per attempt.
+    pub log_lines_per_attempt: usize,
     /// Cap on the run output and on each step output.
     pub max_output_bytes: usize,
     /// A durable sleep with at most this much left is slept inside the attempt; a longer
@@ -98,8 +116,11 @@ impl Default for SandboxConfig {
             max_instances: 64,
             max_memory_bytes: 1 << 30,
             max_component_bytes: 64 << 20,
+            compiler: Compiler::Auto,
             compile_timeout: Duration::from_secs(60),
+            compile_memory_bytes: 1 << 30,
             log_bytes_per_attempt: 1 << 20,
+            log_lines_per_attempt: 10_000,
             max_output_bytes: 4 << 20,
             inline_sleep_max: Duration::from_secs(1),
             max_durable_ops: 10_000,
@@ -137,6 +158,9 @@ pub struct AttemptSpec {
     /// Hosts the guest may send HTTP requests to (the function's `allow_hosts`): exact
     /// names, `*.domain`, IP literals. Empty: no outbound HTTP.
     pub allow_hosts: Vec<String>,
+    /// The tenant's cap on outbound requests per attempt, below the sandbox's own
+    /// (`EgressConfig::max_requests_per_attempt`); `None`: the sandbox's.
+    pub max_outbound_requests: Option<u32>,
 }
 
 /// Where an attempt's durable effects go while it runs.
@@ -215,14 +239,33 @@ pub enum InvalidComponent {
     #[error("the upload is not a WebAssembly binary (it does not start with \"\\0asm\")")]
     NotWasm,
     #[error(
+        "the upload is a precompiled artifact (.cwasm), not a component: wasq compiles \
+         components itself and never loads precompiled code; upload the .wasm file"
+    )]
+    Precompiled,
+    #[error(
         "the upload is a core WebAssembly module, not a component: build for wasm32-wasip2 \
          (`cargo build --target wasm32-wasip2`), which produces a component"
     )]
     CoreModule,
     #[error("the component does not compile: {0}")]
     Compile(String),
-    #[error("the component took too long to compile")]
-    CompileTimeout,
+    /// Names the feature, e.g. "threads (shared memory and atomics)".
+    #[error(
+        "the component uses {feature}, a WebAssembly feature wasq does not support \
+         ({detail})"
+    )]
+    UnsupportedFeature {
+        feature: &'static str,
+        detail: String,
+    },
+    #[error("compiling the component took longer than the limit of {}s", .0.as_secs_f64())]
+    CompileTimeout(Duration),
+    #[error(
+        "compiling the component needed more memory than the limit of {} MiB",
+        .0 >> 20
+    )]
+    CompileMemory(u64),
     /// Names the import, e.g. "`wasi:http/types@0.2.0`, which this wasq host does not
     /// provide".
     #[error("the component imports {0}")]
@@ -264,6 +307,7 @@ struct Inner {
     config: SandboxConfig,
     engine: Engine,
     linker: Linker<State>,
+    compiler: compile::Resolved,
     disk: Option<DiskCache>,
     loaded: RwLock<HashMap<String, TaskPre<State>>>,
     /// One lock per digest being compiled, so that a burst of attempts of a new component
@@ -280,6 +324,7 @@ impl Sandbox {
     pub fn new(config: SandboxConfig) -> Result<Sandbox, SandboxError> {
         let engine = engine::engine(&config)?;
         let linker = engine::linker(&engine)?;
+        let compiler = config.compiler.resolve().map_err(SandboxError::Engine)?;
         let disk = match &config.cache_dir {
             Some(dir) => Some(DiskCache::new(dir.clone(), engine::engine_key(&engine))?),
             None => None,
@@ -290,6 +335,7 @@ impl Sandbox {
             config,
             engine,
             linker,
+            compiler,
             disk,
             loaded: RwLock::default(),
             loading: Mutex::default(),
@@ -332,10 +378,7 @@ impl Sandbox {
         if self.is_loaded(digest) {
             return Ok(());
         }
-        let component = self.compile(bytes).await.map_err(|e| match e {
-            CompileError::Timeout => InvalidComponent::CompileTimeout,
-            CompileError::Failed(msg) => InvalidComponent::Compile(msg),
-        })?;
+        let component = self.compile(bytes).await.map_err(InvalidComponent::from)?;
         let pre = self.inner.link(&component)?;
         if let Some(disk) = &self.inner.disk {
             disk.put(digest, &component).await;
@@ -390,12 +433,10 @@ impl Sandbox {
                 }
             }
         }
-        let component = self.compile(bytes).await.map_err(|e| match e {
-            CompileError::Timeout => {
-                SandboxError::Compile(InvalidComponent::CompileTimeout.to_string())
-            }
-            CompileError::Failed(msg) => SandboxError::Compile(msg),
-        })?;
+        let component = self
+            .compile(bytes)
+            .await
+            .map_err(|e| SandboxError::Compile(InvalidComponent::from(e).to_string()))?;
         let pre = inner
             .link(&component)
             .map_err(|e| SandboxError::Compile(e.to_string()))?;
@@ -408,11 +449,15 @@ impl Sandbox {
 
     async fn compile(&self, bytes: &[u8]) -> Result<Component, CompileError> {
         let inner = &self.inner;
-        engine::compile(
+        compile::compile(
             &inner.engine,
             &inner.compile_permits,
+            &inner.compiler,
             bytes,
-            inner.config.compile_timeout,
+            compile::Bounds {
+                timeout: inner.config.compile_timeout,
+                memory_bytes: inner.config.compile_memory_bytes,
+            },
         )
         .await
     }
@@ -506,7 +551,22 @@ fn spawn_ticker(inner: Weak<Inner>) -> Result<(), SandboxError> {
         .map_err(|e| SandboxError::Engine(format!("could not start the epoch thread: {e}")))
 }
 
+impl From<CompileError> for InvalidComponent {
+    fn from(e: CompileError) -> Self {
+        match e {
+            CompileError::Timeout(limit) => InvalidComponent::CompileTimeout(limit),
+            CompileError::Memory(limit) => InvalidComponent::CompileMemory(limit),
+            CompileError::Failed(msg) => compile_refusal(msg),
+        }
+    }
+}
+
+/// Only WebAssembly component binaries pass: never WAT text (wasmtime would parse it),
+/// never a precompiled artifact (only this host's own artifacts are ever deserialized).
 fn check_header(bytes: &[u8]) -> Result<(), InvalidComponent> {
+    if bytes.starts_with(b"\x7fELF") {
+        return Err(InvalidComponent::Precompiled);
+    }
     if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
         return Err(InvalidComponent::NotWasm);
     }
@@ -517,6 +577,57 @@ fn check_header(bytes: &[u8]) -> Result<(), InvalidComponent> {
             "unsupported WebAssembly binary version {other:02x?} (a component has 0d 00 01 00)"
         ))),
     }
+}
+
+/// WebAssembly features outside [`engine::ALLOWED_FEATURES`], by what wasmparser's and
+/// Cranelift's validation errors say about them (checked in this order).
+const FEATURE_ERRORS: &[(&str, &str)] = &[
+    ("shared-everything", "shared-everything threads"),
+    ("threads", "threads (shared memory and atomics)"),
+    ("memory64", "memory64 (64-bit memories and tables)"),
+    ("multiple memories", "multi-memory"),
+    ("exceptions", "exception handling"),
+    ("function references", "typed function references"),
+    ("gc proposal", "garbage collection (GC)"),
+    ("gc feature", "garbage collection (GC)"),
+    ("`gc` proposal", "garbage collection (GC)"),
+    ("stack switching", "stack switching"),
+    ("custom page sizes", "custom page sizes"),
+    ("wide arithmetic", "wide arithmetic"),
+    ("custom descriptors", "custom descriptors"),
+    ("component model async", "component model async"),
+    ("more async builtins", "component model async"),
+    ("async stackful", "component model async"),
+    ("component model threading", "component model threading"),
+    ("component model gc", "component model GC"),
+    ("cm-gc", "component model GC"),
+    ("component model `value`s", "component model values"),
+];
+
+/// Phrases of validation errors about a disabled feature.
+const DISABLED_PHRASES: &[&str] = &[
+    "not enabled",
+    "must be enabled",
+    "required for",
+    "require the",
+    "requires the",
+    "not supported",
+    "is disabled",
+    "multiple memories",
+];
+
+/// A compile failure, or the unsupported WebAssembly feature it is about.
+fn compile_refusal(msg: String) -> InvalidComponent {
+    let lower = msg.to_ascii_lowercase();
+    if DISABLED_PHRASES.iter().any(|p| lower.contains(p))
+        && let Some((_, feature)) = FEATURE_ERRORS.iter().find(|(n, _)| lower.contains(n))
+    {
+        return InvalidComponent::UnsupportedFeature {
+            feature,
+            detail: msg,
+        };
+    }
+    InvalidComponent::Compile(msg)
 }
 
 /// Interfaces the linker provides, by name without version.
@@ -570,6 +681,7 @@ async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant) -> Attemp
         journal,
         cancel,
         allow_hosts,
+        max_outbound_requests,
     } = spec;
     let early = |error| AttemptResult {
         outcome: AttemptOutcome::Failed(error),
@@ -605,13 +717,20 @@ async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant) -> Attemp
         steps,
         memory_limit,
         log_bytes: inner.config.log_bytes_per_attempt,
+        log_lines: inner.config.log_lines_per_attempt,
         max_output_bytes: inner.config.max_output_bytes,
         inline_sleep_max_ms: inner.config.inline_sleep_max.as_millis() as u64,
         max_durable_ops: inner.config.max_durable_ops,
         deadline,
         cancel: cancel.clone(),
         allow_hosts,
-        egress: inner.config.egress.clone(),
+        egress: {
+            let mut egress = inner.config.egress.clone();
+            if let Some(n) = max_outbound_requests {
+                egress.max_requests_per_attempt = egress.max_requests_per_attempt.min(n);
+            }
+            egress
+        },
         allow_loopback_egress: inner.config.allow_loopback_egress,
     });
     let logs = state.logs.clone();

@@ -4,13 +4,14 @@
 use wasmtime::{ResourceLimiter, Trap};
 use wasq_core::{ErrorReason, RunError};
 
-use crate::host::truncate_utf8;
+use crate::host::escape_controls;
 use crate::{AttemptError, host::LogSink};
 
 /// Largest table any guest may grow to; matches the pool's per-table reservation.
 pub(crate) const MAX_TABLE_ELEMENTS: usize = 50_000;
 
-/// Guest-supplied error text is stored with the run and shown in UIs: keep it bounded.
+/// Guest-supplied error text is stored with the run and shown in UIs: keep it bounded
+/// and escaped (see `escape_controls`).
 const MAX_ERROR_MESSAGE_BYTES: usize = 16 << 10;
 
 /// Caps the linear memory of one attempt, summed over all memories of the component.
@@ -116,7 +117,7 @@ pub(crate) fn cancelled() -> AttemptError {
 /// The guest's own `run-error`.
 pub(crate) fn guest_error(e: crate::host::wasq::task::types::RunError) -> AttemptError {
     use crate::host::wasq::task::types::RunError as G;
-    let bound = |m: String| truncate_utf8(m, MAX_ERROR_MESSAGE_BYTES);
+    let bound = |m: String| escape_controls(&m, true, MAX_ERROR_MESSAGE_BYTES).0;
     match e {
         G::Retryable(m) => failed(ErrorReason::Retryable, bound(m)),
         G::Fatal(m) => failed(ErrorReason::Fatal, bound(m)),
@@ -190,8 +191,9 @@ pub(crate) fn classify(err: &wasmtime::Error, end: Ending<'_>) -> AttemptError {
     if let Some(panic) = end.logs.panic_message() {
         message = format!("{message}; the guest {panic}");
     }
+    // The panic message and a trap's backtrace quote the guest.
     failed(
         ErrorReason::Trap,
-        truncate_utf8(message, MAX_ERROR_MESSAGE_BYTES),
+        escape_controls(&message, true, MAX_ERROR_MESSAGE_BYTES).0,
     )
 }

@@ -193,6 +193,7 @@ async fn run_of_an_unloaded_digest_is_a_host_error() {
             journal: Arc::new(Nop),
             cancel: CancellationToken::new(),
             allow_hosts: vec![],
+            max_outbound_requests: None,
         })
         .await;
     let err = r.outcome.error().cloned().unwrap();
@@ -298,6 +299,7 @@ fn spec(digest: &str, input: &str, limits: Limits) -> AttemptSpec {
         journal: Arc::new(Nop),
         cancel: CancellationToken::new(),
         allow_hosts: vec![],
+        max_outbound_requests: None,
     }
 }
 
@@ -497,5 +499,124 @@ async fn load_uses_the_disk_cache_and_survives_a_corrupt_entry() {
         std::fs::read(&cached[0]).unwrap(),
         b"not an artifact",
         "the entry is rewritten"
+    );
+}
+
+#[tokio::test]
+async fn validate_refuses_unsupported_wasm_features_by_name() {
+    let sb = sandbox();
+    let cases = [
+        ("threads", "(memory 1 1 shared)"),
+        (
+            "threads",
+            "(memory 1 1) (func (result i32) i32.const 0 i32.atomic.load)",
+        ),
+        ("memory64", "(memory i64 1)"),
+        ("garbage collection", "(type (struct (field i32)))"),
+        (
+            "typed function references",
+            "(type $t (func)) (func (param (ref $t)))",
+        ),
+        ("exception handling", "(tag $e) (func (throw $e))"),
+        ("multi-memory", "(memory 1) (memory 1)"),
+        ("custom page sizes", "(memory 1 (pagesize 1))"),
+        (
+            "wide arithmetic",
+            "(func (param i64 i64 i64 i64) (result i64 i64) local.get 0 local.get 1 \
+             local.get 2 local.get 3 i64.add128)",
+        ),
+    ];
+    for (feature, body) in cases {
+        let wat = format!("(component (core module $m {body}) (core instance (instantiate $m)))");
+        let err = sb
+            .validate(&wat::parse_str(&wat).unwrap())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, InvalidComponent::UnsupportedFeature { .. }),
+            "{feature}: {err:?}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with(&format!("the component uses {feature}"))
+                && msg.contains("a WebAssembly feature wasq does not support"),
+            "{msg}"
+        );
+    }
+    // Supported features pass validation (and fail later, for want of `run`).
+    for body in [
+        "(func (result v128) v128.const i64x2 0 0)",
+        "(func $f (return_call $f))",
+        "(memory 1) (func (memory.fill (i32.const 0) (i32.const 0) (i32.const 0)))",
+    ] {
+        let wat = format!("(component (core module $m {body}) (core instance (instantiate $m)))");
+        let err = sb
+            .validate(&wat::parse_str(&wat).unwrap())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, InvalidComponent::MissingExport(_)),
+            "{body}: {err:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn validate_refuses_a_precompiled_artifact() {
+    let engine = wasmtime::Engine::new(&engine::compile_config()).unwrap();
+    let cwasm = engine
+        .precompile_component(&wat::parse_str(TEST_COMPONENT).unwrap())
+        .unwrap();
+    let err = sandbox().validate(&cwasm).await.unwrap_err();
+    assert!(matches!(err, InvalidComponent::Precompiled), "{err:?}");
+    assert!(
+        err.to_string().contains("precompiled artifact (.cwasm)"),
+        "{err}"
+    );
+    // Nor is WAT text compiled, though wasmtime would accept it.
+    let err = sandbox()
+        .validate(TEST_COMPONENT.as_bytes())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, InvalidComponent::NotWasm), "{err:?}");
+}
+
+#[test]
+fn current_exe_without_the_hook_is_refused() {
+    // This test binary's main (libtest's) never called compile_child_main: re-executing
+    // it would run the test suite, not a compiler.
+    let err = Sandbox::new(SandboxConfig {
+        max_instances: 1,
+        compiler: Compiler::CurrentExe,
+        ..SandboxConfig::default()
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("compile_child_main"), "{err}");
+}
+
+#[tokio::test]
+async fn a_slow_in_process_compile_is_abandoned_at_the_time_bound() {
+    let sb = Sandbox::new(SandboxConfig {
+        max_instances: 1,
+        compiler: Compiler::InProcess,
+        compile_timeout: Duration::from_millis(50),
+        ..SandboxConfig::default()
+    })
+    .unwrap();
+    let mut w = String::from("(component (core module");
+    for _ in 0..200 {
+        w.push_str("(func (param i32) (result i32)");
+        w.push_str(&"(local.get 0) (i32.const 3) (i32.mul) (local.set 0)".repeat(500));
+        w.push_str("(local.get 0))");
+    }
+    w.push_str("))");
+    let err = sb.validate(&wat::parse_str(&w).unwrap()).await.unwrap_err();
+    assert!(
+        matches!(err, InvalidComponent::CompileTimeout(_)),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "compiling the component took longer than the limit of 0.05s"
     );
 }

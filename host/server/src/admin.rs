@@ -47,6 +47,7 @@ fn forbidden() -> ApiError {
         status: StatusCode::FORBIDDEN,
         code: "forbidden",
         message: "this route needs the operator key".into(),
+        retry_after_ms: None,
     }
 }
 

@@ -3,13 +3,14 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::rejection::QueryRejection;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
+use wasq_core::flow;
 use wasq_core::*;
 
 use crate::auth::TenantScope;
@@ -17,14 +18,19 @@ use crate::error::ApiError;
 use crate::{App, MAX_MEMORY_FLOOR};
 
 pub fn router(app: Arc<App>) -> Router {
-    let upload_limit = app.sandbox_config.max_component_bytes + 1;
+    // A streaming bound: the body is read up to this and no further (see `upload_body`).
+    let upload_limit = app.sandbox_config.max_component_bytes;
     let authenticated = Router::new()
         .route("/v1/functions", get(list_functions))
         .route(
             "/v1/functions/{name}",
             put(deploy)
                 .get(get_function)
-                .layer(DefaultBodyLimit::max(upload_limit)),
+                .layer(DefaultBodyLimit::max(upload_limit))
+                .layer(axum::middleware::from_fn_with_state(
+                    app.clone(),
+                    refuse_declared_oversize,
+                )),
         )
         .route("/v1/functions/{name}/runs", axum::routing::post(create_run))
         .route("/v1/runs", get(list_runs))
@@ -108,6 +114,24 @@ pub struct DeployParams {
     /// Comma-separated hosts the function may send HTTP requests to: `api.example.com`,
     /// `*.example.com` (subdomains, not the apex), IP literals. Default: none.
     pub allow_hosts: Option<String>,
+    /// Flow control (see `wasq_core::flow`; parsed in `crate::flow`). Runs executing at
+    /// once, per `concurrency_key` when given.
+    pub concurrency_limit: Option<u32>,
+    /// A key expression into the input, e.g. `input.customer.id`.
+    pub concurrency_key: Option<String>,
+    /// At most N first starts per period, the rest wait: `N/DURATION`, e.g. `5/1s`.
+    pub throttle: Option<String>,
+    pub throttle_key: Option<String>,
+    /// At most N runs accepted per period, the rest are recorded as skipped: `N/DURATION`.
+    pub rate_limit: Option<String>,
+    pub rate_limit_key: Option<String>,
+    /// Runs wait this long (e.g. `1s`); a later run with the same key replaces them.
+    pub debounce: Option<String>,
+    pub debounce_key: Option<String>,
+    /// Lower starts first (-1000..=1000, default 0).
+    pub priority: Option<i32>,
+    /// What one priority level is worth in waiting time (default `1m`).
+    pub priority_aging: Option<String>,
 }
 
 impl DeployParams {
@@ -175,6 +199,7 @@ impl DeployParams {
                 retry_traps: self.retry_traps.unwrap_or(d.retry.retry_traps),
             },
             allow_hosts: self.allow_hosts()?,
+            flow: self.flow()?,
         };
         let bad = |m: String| Err(ApiError::bad_request("bad_settings", m));
         if !(1..=24 * 3600 * 1000).contains(&s.limits.timeout_ms) {
@@ -228,8 +253,9 @@ async fn deploy(
     scope: TenantScope,
     Path(name): Path<String>,
     params: Result<Query<DeployParams>, QueryRejection>,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let body = upload_body(body, app.sandbox_config.max_component_bytes)?;
     check_name(&name)?;
     let params = query(params)?;
     let settings = params.settings(app.sandbox_config.max_memory_bytes)?;
@@ -294,12 +320,55 @@ async fn deploy(
     Ok((status, Json(function)).into_response())
 }
 
+fn upload_too_large(max: usize) -> ApiError {
+    ApiError {
+        status: StatusCode::PAYLOAD_TOO_LARGE,
+        code: "too_large",
+        message: format!("the upload is over this server's limit of {max} bytes per component"),
+        retry_after_ms: None,
+    }
+}
+
+/// An upload whose Content-Length is over the server's limit is refused before a byte
+/// of its body is read.
+async fn refuse_declared_oversize(
+    State(app): State<Arc<App>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let max = app.sandbox_config.max_component_bytes;
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return upload_too_large(max).into_response();
+    }
+    next.run(req).await
+}
+
+/// The body of an upload. `DefaultBodyLimit` stops reading it at the server's limit, so
+/// a bigger one without a Content-Length (chunked, a 1 GiB stream) is refused after at
+/// most that many bytes, never buffered whole; the tenant's own, smaller quota is checked
+/// once the body is in.
+fn upload_body(body: Result<Bytes, BytesRejection>, max: usize) -> Result<Bytes, ApiError> {
+    body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            upload_too_large(max)
+        } else {
+            ApiError::bad_request("bad_body", e.body_text())
+        }
+    })
+}
+
 /// The tenant's ceilings on what a function may ask for.
 fn check_quotas(q: &Quotas, settings: &FunctionSettings, size: usize) -> Result<(), ApiError> {
     let quota = |status, message: String| ApiError {
         status,
         code: "quota_exceeded",
         message,
+        retry_after_ms: None,
     };
     if size as u64 > q.max_component_bytes {
         return Err(quota(
@@ -389,6 +458,7 @@ async fn schedule_action(
             status: StatusCode::CONFLICT,
             code: "conflict",
             message: format!("function {name:?} has no schedule"),
+            retry_after_ms: None,
         });
     };
     match action.as_str() {
@@ -427,6 +497,7 @@ async fn schedule_action(
                     idempotency_key: None,
                     retry: None,
                     parent: None,
+                    priority: None,
                 })
                 .await?
                 .run;
@@ -474,6 +545,8 @@ struct RunParams {
     backoff: Option<Backoff>,
     jitter: Option<bool>,
     retry_traps: Option<bool>,
+    /// Overrides the function's priority for this run (lower starts first).
+    priority: Option<i32>,
 }
 
 impl RunParams {
@@ -574,6 +647,9 @@ async fn create_run(
             Some(key.to_owned())
         }
     };
+    if let Some(p) = params.priority {
+        flow::check_priority(p).map_err(|m| ApiError::bad_request("bad_query", m))?;
+    }
     let retry = if params.overrides_retry() {
         let f = function_or_404(&app, &scope.tenant, &name).await?;
         Some(params.retry(f.settings.retry)?)
@@ -591,6 +667,7 @@ async fn create_run(
             idempotency_key,
             retry,
             parent: None,
+            priority: params.priority,
         })
         .await?;
     if created {

@@ -114,6 +114,7 @@ fn unauthorized(message: &str) -> Response {
         status: StatusCode::UNAUTHORIZED,
         code: "unauthorized",
         message: message.into(),
+        retry_after_ms: None,
     }
     .into_response();
     resp.headers_mut().insert(
@@ -188,11 +189,13 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for TenantScope {
                 message:
                     "this route needs a tenant's key; the operator key manages tenants and keys"
                         .into(),
+                retry_after_ms: None,
             }),
             None => Err(ApiError {
                 status: StatusCode::UNAUTHORIZED,
                 code: "unauthorized",
                 message: "an API key is required: Authorization: Bearer KEY".into(),
+                retry_after_ms: None,
             }),
         }
     }

@@ -29,12 +29,14 @@ pub enum ServerError {
 }
 
 /// The one error type of the HTTP edge: a status and a sentence, as
-/// `{"error": {"code": "...", "message": "..."}}`.
+/// `{"error": {"code": "...", "message": "..."}}`, and a `Retry-After` header (whole
+/// seconds, rounded up) when `retry_after_ms` is set.
 #[derive(Debug)]
 pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    pub retry_after_ms: Option<u64>,
 }
 
 impl ApiError {
@@ -43,6 +45,7 @@ impl ApiError {
             status: StatusCode::BAD_REQUEST,
             code,
             message: message.into(),
+            retry_after_ms: None,
         }
     }
     pub fn not_found(message: impl Into<String>) -> Self {
@@ -50,6 +53,7 @@ impl ApiError {
             status: StatusCode::NOT_FOUND,
             code: "not_found",
             message: message.into(),
+            retry_after_ms: None,
         }
     }
 }
@@ -62,11 +66,22 @@ impl From<StoreError> for ApiError {
                 status: StatusCode::CONFLICT,
                 code: "conflict",
                 message,
+                retry_after_ms: None,
+            },
+            StoreError::QuotaExceeded {
+                message,
+                retry_after_ms,
+            } => ApiError {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                code: "quota_exceeded",
+                message,
+                retry_after_ms: Some(retry_after_ms),
             },
             StoreError::Unavailable(_) => ApiError {
                 status: StatusCode::SERVICE_UNAVAILABLE,
                 code: "unavailable",
                 message: e.to_string(),
+                retry_after_ms: None,
             },
             e => {
                 tracing::error!(error = %e, "store failure");
@@ -74,6 +89,7 @@ impl From<StoreError> for ApiError {
                     status: StatusCode::INTERNAL_SERVER_ERROR,
                     code: "internal",
                     message: e.to_string(),
+                    retry_after_ms: None,
                 }
             }
         }
@@ -83,6 +99,12 @@ impl From<StoreError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({ "error": { "code": self.code, "message": self.message } });
-        (self.status, Json(body)).into_response()
+        let mut resp = (self.status, Json(body)).into_response();
+        if let Some(ms) = self.retry_after_ms {
+            let secs = ms.div_ceil(1000).max(1);
+            resp.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        resp
     }
 }

@@ -16,6 +16,7 @@ mod api;
 mod auth;
 mod config;
 mod error;
+mod flow;
 mod schedule;
 mod worker;
 
@@ -32,6 +33,9 @@ use wasq_store_sqlite::SqliteStore;
 pub use api::DeployParams;
 pub use config::{Config, DEFAULT_PORT, StoreBackend};
 pub use error::{ApiError, ServerError};
+/// For binaries: call [`compile_child_main`] first thing in `main` (see
+/// `wasq_sandbox::Compiler`).
+pub use wasq_sandbox::{CHILD_ARG, Compiler, compile_child_main};
 
 /// The smallest memory limit a function may ask for: below it even a small guest's
 /// stack and data do not fit.
@@ -50,6 +54,7 @@ pub(crate) struct App {
     pub wake: Notify,
     /// Attempts this process is running.
     pub in_flight: worker::InFlight,
+    pub quotas: worker::QuotaCache,
     /// Runs that ended in this process, for requests waiting on them.
     pub finished: tokio::sync::broadcast::Sender<wasq_core::RunId>,
     pub worker_id: String,
@@ -116,6 +121,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         sandbox,
         wake: Notify::new(),
         in_flight: worker::InFlight::default(),
+        quotas: worker::QuotaCache::default(),
         finished: tokio::sync::broadcast::channel(1024).0,
         _lock: lock,
     });

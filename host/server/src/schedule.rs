@@ -165,6 +165,7 @@ async fn fire(app: &App, f: &Function, entry: &Entry, tick: Millis) -> Result<()
             idempotency_key: Some(format!("cron:{}:{tick}", entry.expr)),
             retry: None,
             parent: None,
+            priority: None,
         })
         .await?;
     if enqueued.created {

@@ -37,6 +37,9 @@ impl InFlight {
     }
 }
 
+/// How long a worker with a backlog waits for more free slots before claiming.
+const CLAIM_GATHER: Duration = Duration::from_millis(2);
+
 pub async fn run(app: Arc<App>, shutdown: CancellationToken) {
     let slots = Arc::new(Semaphore::new(app.config.concurrency));
     // Interrupts attempts still running when the grace period after shutdown ends.
@@ -48,11 +51,22 @@ pub async fn run(app: Arc<App>, shutdown: CancellationToken) {
     ));
     let mut attempts = JoinSet::new();
     let mut store_errors = 0u32;
+    // The last claim filled every free slot: there is a backlog.
+    let mut backlog = false;
+    let batch = (app.config.concurrency / 4).max(1) as u32;
 
     while !shutdown.is_cancelled() {
         let Ok(first) = slots.clone().acquire_owned().await else {
             break;
         };
+        // Under a backlog, slots free one by one as attempts end; claiming each alone
+        // would cost a claim round trip (and script) per run. Wait a moment for a batch.
+        if backlog && batch > 1 && (slots.available_permits() as u32) + 1 < batch {
+            let more = slots.clone().acquire_many_owned(batch - 1);
+            if let Ok(Ok(more)) = tokio::time::timeout(CLAIM_GATHER, more).await {
+                drop(more);
+            }
+        }
         let free = slots.available_permits() + 1;
         let req = ClaimRequest {
             worker: app.worker_id.clone(),
@@ -73,6 +87,7 @@ pub async fn run(app: Arc<App>, shutdown: CancellationToken) {
                 continue;
             }
         };
+        backlog = claimed.len() >= free;
         if claimed.is_empty() {
             drop(first);
             tokio::select! {
@@ -294,6 +309,7 @@ impl Journal for StoreJournal {
             idempotency_key: Some(key.into()),
             retry: None,
             parent: Some(self.lease.run_id.clone()),
+            priority: None,
         };
         let enqueued = with_retries(|| self.app.store.enqueue(req.clone()))
             .await
@@ -315,6 +331,36 @@ impl Journal for StoreJournal {
     fn progress(&self, progress: Progress) {
         self.pending.lock().unwrap().progress = Some(progress);
         self.flush.notify_one();
+    }
+}
+
+/// Tenants' quotas as the worker applies them, re-read at most every few seconds so an
+/// attempt costs no directory lookup.
+#[derive(Default)]
+pub(crate) struct QuotaCache(Mutex<HashMap<String, (Quotas, std::time::Instant)>>);
+
+impl QuotaCache {
+    const FRESH: Duration = Duration::from_secs(5);
+
+    pub(crate) async fn get(&self, app: &App, tenant: &str) -> Quotas {
+        if let Some((q, at)) = self.0.lock().unwrap().get(tenant)
+            && at.elapsed() < Self::FRESH
+        {
+            return *q;
+        }
+        let quotas = match app.directory.tenant(tenant).await {
+            Ok(Some(t)) => t.quotas,
+            Ok(None) => app.config.default_quotas,
+            Err(e) => {
+                tracing::warn!(tenant, error = %e, "cannot read the tenant's quotas; using the defaults");
+                app.config.default_quotas
+            }
+        };
+        self.0
+            .lock()
+            .unwrap()
+            .insert(tenant.to_owned(), (quotas, std::time::Instant::now()));
+        quotas
     }
 }
 
@@ -408,6 +454,12 @@ async fn attempt(
                 journal: journal.clone(),
                 cancel: cancel.clone(),
                 allow_hosts: run.settings.allow_hosts.clone(),
+                max_outbound_requests: Some(
+                    app.quotas
+                        .get(app, &run.tenant)
+                        .await
+                        .max_outbound_requests_per_run,
+                ),
             };
             app.sandbox.run(spec).await
         }

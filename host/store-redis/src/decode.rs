@@ -123,6 +123,8 @@ pub(crate) fn run(h: &Hash) -> Result<Run, StoreError> {
         error: opt_json(h, "error")?,
         attempt: num(h, "attempt")?,
         trigger: text(h, "trigger")?,
+        priority: opt_num(h, "priority")?.unwrap_or(0),
+        keys: opt_json(h, "keys")?.unwrap_or_default(),
         idempotency_key: opt_text(h, "idempotency_key")?,
         parent: opt_text(h, "parent")?,
         wait: opt_json(h, "wait")?,

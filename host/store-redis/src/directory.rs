@@ -13,7 +13,7 @@
 //! | `G dir:key:<id>` | hash | tenant, hmac, label, created_at, revoked_at |
 //! | `G dir:keys:<tenant>` | zset | key ids by creation time |
 //! | `G dir:audit`, `G dir:audit:<tenant>` | list | audit entries (JSON), newest first |
-//! | `P quotas` | hash | copy of the tenant's quotas JSON, for the tenant scripts |
+//! | `P quotas` | hash | `max_running`, `max_queued`: copies of the tenant's quotas, for the tenant scripts (none: unlimited) |
 //! | `P usage` | hash | fuel, attempts |
 
 use std::collections::HashMap;
@@ -157,18 +157,22 @@ impl RedisStore {
         })
     }
 
-    /// Copies quotas into the tenant's slot, where enqueue and claim read them.
+    /// Copies the quotas the stores enforce into the tenant's slot, as plain fields the
+    /// enqueue and claim scripts read (`max_running`, `max_queued`).
     async fn mirror_quotas(&self, tenant: &str, quotas: &Quotas) -> Result<(), StoreError> {
         let key = format!("{}quotas", self.tenant_prefix(tenant));
         let _: Value = self
             .query(
                 redis::cmd("HSET")
                     .arg(key)
-                    .arg("quotas")
-                    .arg(to_json(quotas)?),
+                    .arg("max_running")
+                    .arg(quotas.max_running)
+                    .arg("max_queued")
+                    .arg(quotas.max_queued),
             )
             .await?;
-        Ok(())
+        // A tenant held back by max_running may be startable now: republish its due time.
+        self.republish(tenant).await
     }
 }
 

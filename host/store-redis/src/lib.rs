@@ -24,7 +24,21 @@
 //!
 //! `claim` visits only the tenants due now, rotating the first tenant and splitting the
 //! batch limit evenly among them, so a tenant's backlog of 100k runs cannot hold back
-//! another tenant's single run. `wait_for_work` sleeps until the earliest due time by the
+//! another tenant's single run.
+//!
+//! Flow control ([`wasq_core::flow`]) lives in the tenant scripts too, so it holds across
+//! any number of workers. Rust evaluates a run's keys into *gates* at enqueue (the script
+//! checks the function's settings blob is the one they were computed from, else answers
+//! `stale` and Rust recomputes); Lua only compares strings and numbers. A due run moves
+//! from `ready` (by due time) into the lane `q` (by rank = due time + priority offset);
+//! the claim takes the lane's best run whose gates let it start, and *parks* a run whose
+//! concurrency key is full (`crun:<gate>` holds that key's running runs) or whose throttle
+//! window is full (`win:<gate>`, the last N start times) in `park:<gate>`. A concurrency
+//! slot freed (any move out of `running`) lets the best parked run back into the lane; a
+//! throttle gate's timer (`gtimer`) does the same when its window opens. Parked runs are
+//! not "due", so a tenant whose runs are all held back is not visited by idle workers. The
+//! tenant's `max_running` (`quotas`) caps the claim; `max_queued` is checked against
+//! `st:queued` at enqueue. `wait_for_work` sleeps until the earliest due time by the
 //! host's own timer (not Redis's `hz` tick), or until a wake-up token arrives: one
 //! listener task per store BLPOPs the wake list on its own connection while anybody in
 //! the process waits, and hands back a token that arrives after everybody stopped
@@ -62,12 +76,19 @@
 //! | `P fn:<name>` | hash | name, digest, size_bytes, settings JSON, max_attempts, events JSON, schedule JSON, created_at, updated_at |
 //! | `P fns` | set | function names |
 //! | `P sub:<event>` | set | functions started by the event |
-//! | `P run:<id>` | hash | id, tenant, function, digest, settings JSON (pinned), retry (override JSON), max_attempts (with manual-retry grants), status, input, output, error JSON, attempt, trigger, progress JSON, created_at, updated_at, due_at, finished_at, idempotency_key, parent, wait JSON; bookkeeping: lease_token, lease_expires_at, worker, cancel_requested, resumed, wait_step, wait_event, wait_ver, wait_run, resolution (what waiters on it receive once it ended) |
+//! | `P run:<id>` | hash | id, tenant, function, digest, settings JSON (pinned), retry (override JSON), max_attempts (with manual-retry grants), status, input, output, error JSON, attempt, trigger, progress JSON, created_at, updated_at, due_at, finished_at, idempotency_key, parent, wait JSON, priority, keys JSON; bookkeeping: lease_token, lease_expires_at, worker, cancel_requested, resumed, wait_step, wait_event, wait_ver, wait_run, resolution (what waiters on it receive once it ended); flow: rank_offset, cgate + climit, tgate + tlimit + tperiod, dgate, parked (the gate it waits on) |
 //! | `P att:<id>` | list | executions: `number\|started_at\|worker JSON`, then `\n finished_at\|fuel\|suspended_until\|error JSON` once ended |
 //! | `P steps:<id>` | hash | `occurrence:name` → step output (first write wins) |
 //! | `P stepseq:<id>` | list | `attempt\|completed_at\|occurrence:name`, in completion order |
 //! | `P logs:<id>` | list | log lines (JSON) |
-//! | `P ready` | zset | queued and sleeping runs by due time (ties: id, i.e. creation order) |
+//! | `P ready` | zset | queued and sleeping runs not yet due, by due time |
+//! | `P q` | zset | the lane: due queued and sleeping runs by rank (ties: id, i.e. creation order) |
+//! | `P park:<gate>` | zset | due runs a gate holds back, by rank |
+//! | `P crun:<gate>` | set | running runs of a concurrency key |
+//! | `P win:<gate>` | list | a throttle's last starts / a rate limit's last accepted runs (times, newest first, at most the limit) |
+//! | `P gtimer`, `P tcfg` | zset, hash | throttle gates with parked runs by when their window opens; their `limit\|period` |
+//! | `P deb` | hash | debounce gate → its pending run |
+//! | `P quotas` | hash | `max_running`, `max_queued` (see `directory.rs`) |
 //! | `P leases` | zset | running runs by lease expiry |
 //! | `P timeouts` | zset | waiting runs with a time limit, by that limit |
 //! | `P all` | zset | every run by creation time (listing) |
@@ -97,6 +118,7 @@ use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::{Cmd, FromRedisValue, Script, Value};
+use wasq_core::flow::{self, FlowPlan, Gate};
 use wasq_core::*;
 
 use conn::{AnyConn, BlockSource, Wake, redis_err, timed_out};
@@ -151,7 +173,21 @@ struct Inner {
     last_sweep: std::sync::Mutex<Option<Instant>>,
     /// Cluster: a hint update failed; republish every tenant at the next claim.
     sweep_needed: AtomicBool,
+    /// Functions' settings blobs (by `fn:` key), from which enqueue computes the flow
+    /// arguments; the scripts compare the blob and answer `stale` when it changed.
+    settings: std::sync::Mutex<std::collections::HashMap<String, Arc<FnSettings>>>,
 }
+
+/// A function's settings as stored, and parsed.
+struct FnSettings {
+    blob: Vec<u8>,
+    flow: FlowControl,
+}
+
+/// Settings blobs cached at most (then the cache starts over).
+const SETTINGS_CACHE_MAX: usize = 10_000;
+/// Times a transition is retried after its script found the function's settings changed.
+const STALE_RETRIES: usize = 16;
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -332,6 +368,7 @@ impl RedisStore {
                 cursor: AtomicUsize::new(0),
                 last_sweep: std::sync::Mutex::new(None),
                 sweep_needed: AtomicBool::new(false),
+                settings: Default::default(),
             }),
         };
         let _: String = store.query(&redis::cmd("PING")).await?;
@@ -598,6 +635,48 @@ impl RedisStore {
         Ok(())
     }
 
+    /// A function's settings: from the cache unless `fresh`, else read (and cached).
+    /// `None` when there is no such function.
+    async fn fn_settings(
+        &self,
+        tenant: &str,
+        function: &str,
+        fresh: bool,
+    ) -> Result<Option<Arc<FnSettings>>, StoreError> {
+        let key = format!("{}fn:{function}", self.tenant_prefix(tenant));
+        if !fresh && let Some(s) = self.settings_cache().get(&key) {
+            return Ok(Some(s.clone()));
+        }
+        let blob: Option<Vec<u8>> = self
+            .query(redis::cmd("HGET").arg(&key).arg("settings"))
+            .await?;
+        let Some(blob) = blob else {
+            self.settings_cache().remove(&key);
+            return Ok(None);
+        };
+        let settings: FunctionSettings = serde_json::from_slice(&blob)
+            .map_err(|e| corrupt(format!("settings of {function}: {e}")))?;
+        let s = Arc::new(FnSettings {
+            blob,
+            flow: settings.flow,
+        });
+        let mut cache = self.settings_cache();
+        if cache.len() >= SETTINGS_CACHE_MAX {
+            cache.clear();
+        }
+        cache.insert(key, s.clone());
+        Ok(Some(s))
+    }
+
+    fn settings_cache(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Arc<FnSettings>>> {
+        self.inner
+            .settings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
     async fn tenants(&self) -> Result<Vec<String>, StoreError> {
         let mut tenants: Vec<String> = self
             .query(redis::cmd("SMEMBERS").arg(self.g("tenants")))
@@ -670,32 +749,52 @@ impl Store for RedisStore {
 
     async fn enqueue(&self, req: EnqueueRequest) -> Result<Enqueued, StoreError> {
         let id = uuid::Uuid::now_v7().to_string();
-        let args = Args::new()
-            .s(&id)
-            .s(&req.function)
-            .b(req.input)
-            .s(&req.trigger)
-            .opt_n(req.due_at)
-            .s(req.idempotency_key.as_deref().unwrap_or(""))
-            .b(match &req.retry {
-                Some(r) => to_json(r)?,
-                None => Vec::new(),
-            })
-            .opt_n(req.retry.map(|r| r.max_attempts))
-            .s(req.parent.as_deref().unwrap_or(""));
-        let (status, mut rest) = self.script(&scripts::ENQUEUE, &req.tenant, args).await?;
-        match status.as_str() {
-            "ok" => {}
-            "not_found" => {
-                return Err(StoreError::NotFound(format!("function {:?}", req.function)));
+        let not_found = || StoreError::NotFound(format!("function {:?}", req.function));
+        let mut fresh = false;
+        for _ in 0..STALE_RETRIES {
+            let Some(fs) = self.fn_settings(&req.tenant, &req.function, fresh).await? else {
+                return Err(not_found());
+            };
+            let plan = fs.flow.plan(&req.function, &req.input, req.priority);
+            let args = Args::new()
+                .s(&id)
+                .s(&req.function)
+                .b(req.input.clone())
+                .s(&req.trigger)
+                .opt_n(req.due_at)
+                .s(req.idempotency_key.as_deref().unwrap_or(""))
+                .b(match &req.retry {
+                    Some(r) => to_json(r)?,
+                    None => Vec::new(),
+                })
+                .opt_n(req.retry.map(|r| r.max_attempts))
+                .s(req.parent.as_deref().unwrap_or(""))
+                .b(fs.blob.clone());
+            let args = flow_args(args, &plan, &id, req.parent.is_none())?;
+            let (status, mut rest) = self.script(&scripts::ENQUEUE, &req.tenant, args).await?;
+            match status.as_str() {
+                "ok" => {}
+                "not_found" => return Err(not_found()),
+                "stale" => {
+                    fresh = true;
+                    continue;
+                }
+                "quota" => {
+                    let max = self.max_queued(&req.tenant).await;
+                    return Err(queue_quota_exceeded(&req.tenant, max));
+                }
+                other => return Err(corrupt(format!("enqueue answered {other}"))),
             }
-            other => return Err(corrupt(format!("enqueue answered {other}"))),
+            self.published(&req.tenant, &mut rest).await?;
+            let mut rest = rest.into_iter();
+            let created = int(rest.next().ok_or_else(|| corrupt("short enqueue reply"))?)? == 1;
+            let run = self.run_from(rest.next().ok_or_else(|| corrupt("short enqueue reply"))?)?;
+            return Ok(Enqueued { run, created });
         }
-        self.published(&req.tenant, &mut rest).await?;
-        let mut rest = rest.into_iter();
-        let created = int(rest.next().ok_or_else(|| corrupt("short enqueue reply"))?)? == 1;
-        let run = self.run_from(rest.next().ok_or_else(|| corrupt("short enqueue reply"))?)?;
-        Ok(Enqueued { run, created })
+        Err(StoreError::Unavailable(format!(
+            "function {:?} kept being redeployed during the enqueue; try again",
+            req.function
+        )))
     }
 
     async fn claim(&self, req: ClaimRequest) -> Result<Vec<Claimed>, StoreError> {
@@ -905,7 +1004,7 @@ impl Store for RedisStore {
         .to_bytes();
         // (version of the waiter set, matched (run, wait version) pairs)
         let mut matched: Option<(String, Vec<(String, String)>)> = None;
-        let mut fresh_ids = 4;
+        let mut subscribers = self.subscribers(&req.tenant, &req.name, &data).await?;
         for _ in 0..32 {
             let mut args = Args::new()
                 .s(&id)
@@ -921,8 +1020,11 @@ impl Store for RedisStore {
                 }
                 None => args = args.s("").n(0),
             }
-            for _ in 0..fresh_ids {
-                args = args.s(uuid::Uuid::now_v7().to_string());
+            args = args.n(subscribers.len());
+            for (function, blob, plan) in &subscribers {
+                let id = uuid::Uuid::now_v7().to_string();
+                args = args.s(function).s(&id).b(blob.clone());
+                args = flow_args(args, plan, &id, false)?;
             }
             let (status, mut rest) = self.script(&scripts::SEND_EVENT, &req.tenant, args).await?;
             match status.as_str() {
@@ -951,8 +1053,12 @@ impl Store for RedisStore {
                     }
                     matched = Some((version, pairs));
                 }
-                "need_ids" => {
-                    fresh_ids = int(rest.into_iter().next().unwrap_or(Value::Int(0)))? as usize;
+                "stale" => {
+                    subscribers = self.subscribers(&req.tenant, &req.name, &data).await?;
+                }
+                "quota" => {
+                    let max = self.max_queued(&req.tenant).await;
+                    return Err(queue_quota_exceeded(&req.tenant, max));
                 }
                 "ok" => {
                     self.published(&req.tenant, &mut rest).await?;
@@ -1142,6 +1248,98 @@ impl RedisStore {
             other => Err(corrupt(format!("answered {other}"))),
         }
     }
+}
+
+impl RedisStore {
+    /// The functions an event starts, in name order, with their settings blobs and the
+    /// flow plan for the event's data.
+    async fn subscribers(
+        &self,
+        tenant: &str,
+        event: &str,
+        data: &str,
+    ) -> Result<Vec<(String, Vec<u8>, FlowPlan)>, StoreError> {
+        let prefix = self.tenant_prefix(tenant);
+        let mut names: Vec<String> = self
+            .query(redis::cmd("SMEMBERS").arg(format!("{prefix}sub:{event}")))
+            .await?;
+        names.sort();
+        let mut out = Vec::with_capacity(names.len());
+        for name in names {
+            let (blob, plan) = match self.fn_settings(tenant, &name, true).await? {
+                Some(fs) => (fs.blob.clone(), fs.flow.plan(&name, data.as_bytes(), None)),
+                None => (Vec::new(), FlowPlan::default()),
+            };
+            out.push((name, blob, plan));
+        }
+        Ok(out)
+    }
+
+    /// Recomputes and republishes the tenant's next due time (a claim visit that leases
+    /// nothing), after something the scripts do not see changed, such as its quotas.
+    pub(crate) async fn republish(&self, tenant: &str) -> Result<(), StoreError> {
+        let req = ClaimRequest {
+            worker: "republish".into(),
+            limit: 0,
+            lease_ms: 0,
+        };
+        self.claim_tenant(tenant, 0, &req, true).await.map(drop)
+    }
+
+    /// The tenant's `max_queued`, for the message of a refused enqueue.
+    async fn max_queued(&self, tenant: &str) -> u64 {
+        let key = format!("{}quotas", self.tenant_prefix(tenant));
+        self.query::<Option<u64>>(redis::cmd("HGET").arg(key).arg("max_queued"))
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or(0)
+    }
+}
+
+/// Appends the FLOW_ARGS flow arguments of run `id` (see `read_flow` in the scripts).
+fn flow_args(
+    args: Args,
+    plan: &FlowPlan,
+    id: &str,
+    enforce_quota: bool,
+) -> Result<Args, StoreError> {
+    let gate = |g: &Option<Gate>| {
+        g.as_ref()
+            .map_or((String::new(), String::new(), String::new()), |g| {
+                (g.id.clone(), g.limit.to_string(), g.period_ms.to_string())
+            })
+    };
+    let (cgate, climit, _) = gate(&plan.concurrency);
+    let (tgate, tlimit, tperiod) = gate(&plan.throttle);
+    let (rgate, rlimit, rperiod) = gate(&plan.rate_limit);
+    let (dgate, _, dperiod) = gate(&plan.debounce);
+    let rate_limited = plan.rate_limited_error();
+    let debounced = flow::debounced_error(id);
+    let args = args
+        .n(plan.priority)
+        .n(plan.rank_offset)
+        .s(cgate)
+        .s(climit)
+        .s(tgate)
+        .s(tlimit)
+        .s(tperiod)
+        .s(rgate)
+        .s(rlimit)
+        .s(rperiod)
+        .s(dgate)
+        .s(dperiod)
+        .b(if plan.keys.is_empty() {
+            Vec::new()
+        } else {
+            to_json(&plan.keys)?
+        })
+        .b(to_json(&rate_limited)?)
+        .b(flow::skipped_resolution(id, &rate_limited).to_bytes())
+        .b(to_json(&debounced)?)
+        .s(debounced.to_string())
+        .s(if enforce_quota { "1" } else { "0" });
+    Ok(args)
 }
 
 /// Maps the status word of a script that checked a lease.

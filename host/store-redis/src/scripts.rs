@@ -25,6 +25,12 @@ use wasq_core::{IDEMPOTENCY_WINDOW_MS, MAX_LOST_LEASE_EXTRA_ATTEMPTS};
 pub(crate) const REAP_BATCH: usize = 200;
 /// Wake-up tokens kept in the wake list.
 pub(crate) const WAKE_LIST_MAX: usize = 64;
+/// Flow-control arguments per run (`read_flow` in the prelude; `flow_args` in lib.rs).
+pub(crate) const FLOW_ARGS: usize = 18;
+/// Due runs one claim moves into the lane at most.
+pub(crate) const PROMOTE_BATCH: usize = 1000;
+/// Gate checks one claim may fail (parking those runs) before it stops for now.
+pub(crate) const PARK_BUDGET: usize = 1000;
 
 const PRELUDE: &str = r#"
 local P = ARGV[1]
@@ -34,10 +40,11 @@ local TENANT = ARGV[4]
 local WINDOW = @WINDOW@
 local MAXLOST = @MAXLOST@
 local WAKEMAX = @WAKEMAX@
+local FLOW_ARGS = @FLOW_ARGS@
 
 local function I(n) return string.format('%d', n) end
 local function runkey(id) return P .. 'run:' .. id end
-local TERMINAL = { succeeded = true, failed = true, cancelled = true }
+local TERMINAL = { succeeded = true, failed = true, cancelled = true, skipped = true }
 
 -- The run's hash and its step/attempt keys, as a claim or a read returns them.
 local function load_run(id)
@@ -48,35 +55,77 @@ local function load_run(id)
   }
 end
 
+-- Flow control (see lib.rs): due runs wait in the lane `q` by rank; a run its gate holds
+-- back is parked in `park:<gate>` (same rank) until the gate lets it back into the lane.
+local function unpark(id, score)
+  redis.call('ZADD', P .. 'q', score, id)
+  redis.call('HDEL', runkey(id), 'parked')
+end
+
+local function park(id, gate, score)
+  redis.call('ZREM', P .. 'q', id)
+  redis.call('ZADD', P .. 'park:' .. gate, score, id)
+  redis.call('HSET', runkey(id), 'parked', gate)
+end
+
+-- A slot of a concurrency key freed: its best parked run goes back into the lane.
+local function unpark_one(gate)
+  local p = redis.call('ZPOPMIN', P .. 'park:' .. gate, 1)
+  if p[1] then unpark(p[1], p[2]) end
+end
+
 -- Moves run `id` to `status`, setting `fields` (flat name/value list) and updated_at, and
--- keeps every index in step: status index, ready/lease/timeout zsets, waiter sets, ended
--- zsets. Waiting runs get their waiter-set and timeout entries from the caller.
+-- keeps every index in step: status index, ready/lane/park/lease/timeout zsets, waiter
+-- sets, ended zsets, running sets of concurrency keys. Waiting runs get their waiter-set
+-- and timeout entries from the caller.
 local function move(id, status, fields)
   local rk = runkey(id)
-  local r = redis.call('HMGET', rk, 'status', 'created_at', 'wait_event', 'wait_run')
-  local old, created = r[1], r[2]
+  local r = redis.call('HMGET', rk, 'status', 'created_at', 'wait_event', 'wait_run', 'cgate', 'parked')
+  local old, created, cgate = r[1], r[2], r[5]
   if old ~= status then
     if old then redis.call('ZREM', P .. 'st:' .. old, id) end
     redis.call('ZADD', P .. 'st:' .. status, created, id)
   end
   redis.call('ZREM', P .. 'ready', id)
+  redis.call('ZREM', P .. 'q', id)
   redis.call('ZREM', P .. 'leases', id)
   redis.call('ZREM', P .. 'timeouts', id)
+  if r[6] then
+    redis.call('ZREM', P .. 'park:' .. r[6], id)
+    redis.call('HDEL', rk, 'parked')
+  end
   if old == 'waiting' then
     if r[3] then redis.call('SREM', P .. 'waiters:' .. r[3], id) end
     if r[4] then redis.call('SREM', P .. 'rw:' .. r[4], id) end
   end
-  if old == 'succeeded' then redis.call('ZREM', P .. 'ended:ok', id) end
+  if old == 'succeeded' or old == 'skipped' then redis.call('ZREM', P .. 'ended:ok', id) end
   if old == 'failed' or old == 'cancelled' then redis.call('ZREM', P .. 'ended:bad', id) end
   redis.call('HSET', rk, 'status', status, 'updated_at', I(NOW), unpack(fields))
   if status == 'queued' or status == 'sleeping' then
-    redis.call('ZADD', P .. 'ready', redis.call('HGET', rk, 'due_at'), id)
+    local h = redis.call('HMGET', rk, 'due_at', 'rank_offset')
+    local due = tonumber(h[1])
+    if due <= NOW then
+      redis.call('ZADD', P .. 'q', I(due + tonumber(h[2] or '0')), id)
+    else
+      redis.call('ZADD', P .. 'ready', h[1], id)
+    end
   elseif status == 'running' then
     redis.call('ZADD', P .. 'leases', redis.call('HGET', rk, 'lease_expires_at'), id)
-  elseif status == 'succeeded' then
+  elseif status == 'succeeded' or status == 'skipped' then
     redis.call('ZADD', P .. 'ended:ok', redis.call('HGET', rk, 'finished_at'), id)
   elseif status == 'failed' or status == 'cancelled' then
     redis.call('ZADD', P .. 'ended:bad', redis.call('HGET', rk, 'finished_at'), id)
+  end
+  if cgate and old ~= status then
+    if status == 'running' then
+      redis.call('SADD', P .. 'crun:' .. cgate, id)
+    elseif old == 'running' then
+      redis.call('SREM', P .. 'crun:' .. cgate, id)
+      unpark_one(cgate)
+    elseif TERMINAL[status] and not r[6] then
+      -- A candidate for a slot is gone: let the next one try.
+      unpark_one(cgate)
+    end
   end
 end
 
@@ -129,52 +178,141 @@ local function resolve_waiters_of(id)
   return n
 end
 
--- Creates a queued run of function `fname`, or returns the run created earlier with the
--- same idempotency key within the window. Returns id, created (nil when no such function).
-local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max, parent)
+-- The sliding window of a throttle or rate limit (`win:<gate>`, newest first, at most
+-- `limit` entries): the time it opens when `limit` entries fall in the last `period`,
+-- nil when there is room.
+local function window_full(gate, limit, period)
+  local t = redis.call('LINDEX', P .. 'win:' .. gate, limit - 1)
+  if t and tonumber(t) > NOW - period then return tonumber(t) + period end
+  return nil
+end
+
+local function window_log(gate, limit)
+  redis.call('LPUSH', P .. 'win:' .. gate, I(NOW))
+  redis.call('LTRIM', P .. 'win:' .. gate, 0, limit - 1)
+end
+
+-- The flow-control arguments of one run, computed by Rust from the function's settings
+-- and the run's input (FLOW_ARGS of them, from ARGV[i]).
+local function read_flow(i)
+  local a = function(k) return ARGV[i + k] end
+  return {
+    prio = a(0), offset = a(1), cgate = a(2), climit = a(3), tgate = a(4), tlimit = a(5),
+    tperiod = a(6), rgate = a(7), rlimit = a(8), rperiod = a(9), dgate = a(10),
+    dperiod = a(11), keys = a(12), rerr = a(13), rres = a(14), derr = a(15), dmsg = a(16),
+    enforce = a(17),
+  }
+end
+
+-- Creates a run of function `fname`, or returns the run created earlier with the same
+-- idempotency key within the window. `settings` is the function's settings blob Rust
+-- computed `fl` from. Applies the rate limit (the run is created skipped), debounce (the
+-- pending run of the key is skipped) and the tenant's max_queued (when fl.enforce).
+-- Returns id, created, error word ('not_found', 'stale', 'quota'), runs woken.
+local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max, parent, settings, fl)
   local f = redis.call('HMGET', P .. 'fn:' .. fname, 'digest', 'settings', 'max_attempts')
-  if not f[1] then return nil, false end
+  if not f[1] then return nil, false, 'not_found', 0 end
+  if f[2] ~= settings then return nil, false, 'stale', 0 end
+  local ik = P .. 'idem:' .. fname
   if idem ~= '' then
-    local ik = P .. 'idem:' .. fname
     local v = redis.call('HGET', ik, idem)
     if v then
       local sep = string.find(v, ':', 1, true)
       local created, old = tonumber(string.sub(v, 1, sep - 1)), string.sub(v, sep + 1)
       local exists = redis.call('EXISTS', runkey(old)) == 1
-      if exists and created > NOW - WINDOW then return old, false end
+      if exists and created > NOW - WINDOW then return old, false, nil, 0 end
       -- Past its window the key is free again; the old run keeps its history.
       if exists then redis.call('HDEL', runkey(old), 'idempotency_key') end
     end
-    redis.call('HSET', ik, idem, I(NOW) .. ':' .. id)
+  end
+  local status = 'queued'
+  if fl.rgate ~= '' and window_full(fl.rgate, tonumber(fl.rlimit), tonumber(fl.rperiod)) then
+    status = 'skipped'
+  end
+  local replaced = nil
+  if status == 'queued' and fl.dgate ~= '' then
+    local prev = redis.call('HGET', P .. 'deb', fl.dgate)
+    if prev then
+      local r = redis.call('HMGET', runkey(prev), 'status', 'attempt')
+      if r[1] == 'queued' and r[2] == '0' then replaced = prev end
+    end
+  end
+  if status == 'queued' and fl.enforce == '1' then
+    local maxq = redis.call('HGET', P .. 'quotas', 'max_queued')
+    local adding = 1
+    if replaced then adding = 0 end
+    if maxq and redis.call('ZCARD', P .. 'st:queued') + adding > tonumber(maxq) then
+      return nil, false, 'quota', 0
+    end
+  end
+  if idem ~= '' then redis.call('HSET', ik, idem, I(NOW) .. ':' .. id) end
+  local woke = 0
+  if replaced then
+    local res = '{"error":{"message":' .. cjson.encode('run ' .. replaced .. ' was skipped: ' .. fl.dmsg) .. '}}'
+    move(replaced, 'skipped', { 'error', fl.derr, 'finished_at', I(NOW), 'resolution', res })
+    woke = resolve_waiters_of(replaced)
   end
   if due == '' then due = I(NOW) end
+  if status == 'skipped' then due = I(NOW) end
+  if status == 'queued' and fl.dgate ~= '' then
+    if tonumber(due) < NOW + tonumber(fl.dperiod) then due = I(NOW + tonumber(fl.dperiod)) end
+    redis.call('HSET', P .. 'deb', fl.dgate, id)
+  end
   local max = f[3]
   if retry ~= '' then max = retry_max end
   local fields = {
     'id', id, 'tenant', TENANT, 'function', fname, 'digest', f[1], 'settings', f[2],
-    'max_attempts', max, 'status', 'queued', 'input', input, 'attempt', '0',
+    'max_attempts', max, 'status', status, 'input', input, 'attempt', '0',
     'trigger', trigger, 'created_at', I(NOW), 'updated_at', I(NOW), 'due_at', due,
     'lease_token', '0', 'cancel_requested', '0', 'resumed', '0',
+    'priority', fl.prio, 'rank_offset', fl.offset,
   }
-  if retry ~= '' then table.insert(fields, 'retry'); table.insert(fields, retry) end
-  if idem ~= '' then table.insert(fields, 'idempotency_key'); table.insert(fields, idem) end
-  if parent ~= '' then
-    table.insert(fields, 'parent'); table.insert(fields, parent)
-    redis.call('ZADD', P .. 'kids:' .. parent, NOW, id)
+  local function add(k, v) if v ~= '' then fields[#fields + 1] = k; fields[#fields + 1] = v end end
+  add('retry', retry)
+  add('idempotency_key', idem)
+  add('parent', parent)
+  add('keys', fl.keys)
+  add('cgate', fl.cgate)
+  if fl.cgate ~= '' then add('climit', fl.climit) end
+  add('tgate', fl.tgate)
+  if fl.tgate ~= '' then add('tlimit', fl.tlimit); add('tperiod', fl.tperiod) end
+  if status == 'queued' then add('dgate', fl.dgate) end
+  if status == 'skipped' then
+    add('error', fl.rerr)
+    add('finished_at', I(NOW))
+    add('resolution', fl.rres)
   end
+  if parent ~= '' then redis.call('ZADD', P .. 'kids:' .. parent, NOW, id) end
   redis.call('HSET', runkey(id), unpack(fields))
   redis.call('ZADD', P .. 'all', NOW, id)
   redis.call('ZADD', P .. 'byfn:' .. fname, NOW, id)
-  redis.call('ZADD', P .. 'st:queued', NOW, id)
-  redis.call('ZADD', P .. 'ready', due, id)
-  return id, true
+  redis.call('ZADD', P .. 'st:' .. status, NOW, id)
+  if status == 'skipped' then
+    redis.call('ZADD', P .. 'ended:ok', NOW, id)
+  else
+    if tonumber(due) <= NOW then
+      redis.call('ZADD', P .. 'q', I(tonumber(due) + tonumber(fl.offset)), id)
+    else
+      redis.call('ZADD', P .. 'ready', due, id)
+    end
+    if fl.rgate ~= '' then window_log(fl.rgate, tonumber(fl.rlimit)) end
+  end
+  return id, true, nil, woke
 end
 
--- The tenant's next due time: the earliest of its ready runs, lease expiries and wait
--- timeouts; nil when it has none.
+-- Whether the tenant may start another run (its max_running quota).
+local function has_room()
+  local maxr = redis.call('HGET', P .. 'quotas', 'max_running')
+  return not maxr or redis.call('ZCARD', P .. 'leases') < tonumber(maxr)
+end
+
+-- The tenant's next due time: 0 (now) when its lane holds runs it has room to start,
+-- else the earliest of its not yet due runs, lease expiries, wait timeouts and throttle
+-- windows opening; nil when it has none. Parked runs wait for an event of their gate.
 local function next_due()
+  if redis.call('ZCARD', P .. 'q') > 0 and has_room() then return 0 end
   local best = nil
-  for _, z in ipairs({ 'ready', 'leases', 'timeouts' }) do
+  for _, z in ipairs({ 'ready', 'leases', 'timeouts', 'gtimer' }) do
     local h = redis.call('ZRANGE', P .. z, 0, 0, 'WITHSCORES')
     if h[2] then
       local s = tonumber(h[2])
@@ -244,7 +382,8 @@ fn tenant_script(body: &str) -> Script {
         .replace("@APPLY_HINT@", APPLY_HINT)
         .replace("@WINDOW@", &IDEMPOTENCY_WINDOW_MS.to_string())
         .replace("@MAXLOST@", &MAX_LOST_LEASE_EXTRA_ATTEMPTS.to_string())
-        .replace("@WAKEMAX@", &WAKE_LIST_MAX.to_string());
+        .replace("@WAKEMAX@", &WAKE_LIST_MAX.to_string())
+        .replace("@FLOW_ARGS@", &FLOW_ARGS.to_string());
     Script::new(&src)
 }
 
@@ -299,15 +438,17 @@ return { 'ok', redis.call('HGETALL', fk) }
 });
 
 /// ARGV[5..]: id, function, input, trigger, due ('' = now), idempotency key or '',
-/// retry override JSON or '', its max_attempts, parent or ''.
+/// retry override JSON or '', its max_attempts, parent or '', the function's settings
+/// blob the flow arguments were computed from, then FLOW_ARGS flow arguments.
 pub(crate) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
     tenant_script(
         r#"
-local id, created = insert_run(ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10],
-  ARGV[11], ARGV[12], ARGV[13])
-if not id then return { 'not_found' } end
-local wake = 0
-if created and tonumber(redis.call('HGET', runkey(id), 'due_at')) <= NOW then wake = 1 end
+local id, created, err, woke = insert_run(ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10],
+  ARGV[11], ARGV[12], ARGV[13], ARGV[14], read_flow(15))
+if err then return { err } end
+local wake = woke
+local r = redis.call('HMGET', runkey(id), 'due_at', 'status')
+if created and r[2] == 'queued' and tonumber(r[1]) <= NOW then wake = wake + 1 end
 local pub = publish(wake, false)
 return { 'ok', pub or false, created and 1 or 0, redis.call('HGETALL', runkey(id)) }
 "#,
@@ -354,37 +495,89 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'timeouts', '-inf', NOW, 'L
     redis.call('ZREM', P .. 'timeouts', id)
   end
 end
-local out = {{}}
-if LIMIT > 0 then
-  for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'ready', '-inf', NOW, 'LIMIT', 0, LIMIT)) do
-    local rk = runkey(id)
-    local r = redis.call('HMGET', rk, 'status', 'attempt')
-    if r[1] == 'queued' or r[1] == 'sleeping' then
-      -- Waking from a sleep continues the attempt; anything else starts one.
-      local attempt, resumed = tonumber(r[2]), '0'
-      if r[1] == 'sleeping' then
-        resumed = '1'
-        if attempt < 1 then attempt = 1 end
-      else
-        attempt = attempt + 1
-      end
-      redis.call('HINCRBY', rk, 'lease_token', 1)
-      move(id, 'running', {{ 'attempt', I(attempt), 'resumed', resumed,
-        'lease_expires_at', I(NOW + LEASE), 'worker', WORKER }})
-      redis.call('RPUSH', P .. 'att:' .. id, I(attempt) .. '|' .. I(NOW) .. '|' .. WORKER_JSON)
-      out[#out + 1] = load_run(id)
-    else
-      redis.call('ZREM', P .. 'ready', id)
+-- Throttle windows that opened: as many parked runs as they have room for go back into
+-- the lane, best rank first; while runs stay parked the gate's timer is set to when the
+-- window opens next (counting the let-through runs as started now).
+for _, gate in ipairs(redis.call('ZRANGEBYSCORE', P .. 'gtimer', '-inf', NOW, 'LIMIT', 0, {reap})) do
+  local pk = P .. 'park:' .. gate
+  local cfg = redis.call('HGET', P .. 'tcfg', gate)
+  local again = nil
+  if cfg and redis.call('ZCARD', pk) > 0 then
+    local sep = string.find(cfg, '|', 1, true)
+    local limit, period = tonumber(string.sub(cfg, 1, sep - 1)), tonumber(string.sub(cfg, sep + 1))
+    local n, oldest = 0, NOW
+    for i, t in ipairs(redis.call('LRANGE', P .. 'win:' .. gate, 0, limit - 1)) do
+      if tonumber(t) <= NOW - period then break end
+      n, oldest = i, tonumber(t)
     end
+    if limit > n then
+      local p = redis.call('ZPOPMIN', pk, limit - n)
+      for i = 1, #p, 2 do unpark(p[i], p[i + 1]) end
+    end
+    if redis.call('ZCARD', pk) > 0 then again = math.max(oldest + period, NOW + 1) end
+  end
+  if again then
+    redis.call('ZADD', P .. 'gtimer', I(again), gate)
+  else
+    redis.call('ZREM', P .. 'gtimer', gate)
+    redis.call('HDEL', P .. 'tcfg', gate)
+  end
+end
+-- Due runs enter the lane, ranked by due time + priority offset.
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'ready', '-inf', NOW, 'LIMIT', 0, {promote})) do
+  local h = redis.call('HMGET', runkey(id), 'due_at', 'rank_offset')
+  redis.call('ZREM', P .. 'ready', id)
+  redis.call('ZADD', P .. 'q', I(tonumber(h[1]) + tonumber(h[2] or '0')), id)
+end
+local room = LIMIT
+local maxr = redis.call('HGET', P .. 'quotas', 'max_running')
+if maxr then room = math.min(room, tonumber(maxr) - redis.call('ZCARD', P .. 'leases')) end
+local out = {{}}
+local parks = {park_budget}
+while #out < room and parks > 0 do
+  local head = redis.call('ZRANGE', P .. 'q', 0, 0, 'WITHSCORES')
+  local id, score = head[1], head[2]
+  if not id then break end
+  local rk = runkey(id)
+  local r = redis.call('HMGET', rk, 'status', 'attempt', 'cgate', 'climit', 'tgate', 'tlimit', 'tperiod')
+  local throttled = r[5] and r[1] == 'queued' and r[2] == '0'
+  if r[1] ~= 'queued' and r[1] ~= 'sleeping' then
+    redis.call('ZREM', P .. 'q', id)
+  elseif r[3] and redis.call('SCARD', P .. 'crun:' .. r[3]) >= tonumber(r[4]) then
+    park(id, r[3], score)
+    parks = parks - 1
+  elseif throttled and window_full(r[5], tonumber(r[6]), tonumber(r[7])) then
+    park(id, r[5], score)
+    redis.call('HSET', P .. 'tcfg', r[5], r[6] .. '|' .. r[7])
+    redis.call('ZADD', P .. 'gtimer', 'LT',
+      I(window_full(r[5], tonumber(r[6]), tonumber(r[7]))), r[5])
+    parks = parks - 1
+  else
+    if throttled then window_log(r[5], tonumber(r[6])) end
+    -- Waking from a sleep continues the attempt; anything else starts one.
+    local attempt, resumed = tonumber(r[2]), '0'
+    if r[1] == 'sleeping' then
+      resumed = '1'
+      if attempt < 1 then attempt = 1 end
+    else
+      attempt = attempt + 1
+    end
+    redis.call('HINCRBY', rk, 'lease_token', 1)
+    move(id, 'running', {{ 'attempt', I(attempt), 'resumed', resumed,
+      'lease_expires_at', I(NOW + LEASE), 'worker', WORKER }})
+    redis.call('RPUSH', P .. 'att:' .. id, I(attempt) .. '|' .. I(NOW) .. '|' .. WORKER_JSON)
+    out[#out + 1] = load_run(id)
   end
 end
 -- Wake other workers only for what this claim left behind.
-if wake > 0 then wake = math.min(wake, redis.call('ZCOUNT', P .. 'ready', '-inf', NOW)) end
+if wake > 0 then wake = math.min(wake, redis.call('ZCARD', P .. 'q')) end
 -- A visit that found nothing republishes anyway, repairing a stale global hint.
 local pub = publish(wake, ARGV[9] == '1' or #out == 0)
 return {{ 'ok', pub or false, out }}
 "#,
-        reap = REAP_BATCH
+        reap = REAP_BATCH,
+        promote = PROMOTE_BATCH,
+        park_budget = PARK_BUDGET,
     ))
 });
 
@@ -569,7 +762,9 @@ return { 'ok', pub or false, redis.call('HGETALL', rk) }
 
 /// ARGV[5..]: event id, name, data JSON (the input of started runs), resolution for
 /// resumed waiters, expected waiter version ('' = unknown), number of matched waiters m,
-/// then m (run id, wait version) pairs, then fresh run ids for subscribers.
+/// then m (run id, wait version) pairs, then the number of subscribers k and, per
+/// subscriber in name order: function, fresh run id, its settings blob ('' if gone) and
+/// FLOW_ARGS flow arguments. `stale` when the subscribers or their settings changed.
 ///
 /// Filters are matched in Rust with `wasq_core::event_matches`: the first call without
 /// a version returns the waiters (`match`) if there are any; the second carries the
@@ -596,8 +791,22 @@ if (EXPECTED == '' and redis.call('SCARD', wk) > 0) or (EXPECTED ~= '' and EXPEC
 end
 local subs = redis.call('SMEMBERS', P .. 'sub:' .. NAME)
 table.sort(subs)
-local first_id = 11 + 2 * m
-if #subs > #ARGV - first_id + 1 then return { 'need_ids', #subs } end
+-- The subscribers Rust computed flow arguments for must be today's, with today's settings.
+local sb = 11 + 2 * m
+local k = tonumber(ARGV[sb])
+local stride = 3 + FLOW_ARGS
+if k ~= #subs then return { 'stale' } end
+for i, fname in ipairs(subs) do
+  local o = sb + 1 + (i - 1) * stride
+  if ARGV[o] ~= fname or (redis.call('HGET', P .. 'fn:' .. fname, 'settings') or '') ~= ARGV[o + 2] then
+    return { 'stale' }
+  end
+end
+-- max_queued, conservatively: every subscriber counts.
+local maxq = redis.call('HGET', P .. 'quotas', 'max_queued')
+if maxq and k > 0 and redis.call('ZCARD', P .. 'st:queued') + k > tonumber(maxq) then
+  return { 'quota', maxq }
+end
 redis.call('HSET', P .. 'events', EID, I(NOW))
 redis.call('ZADD', P .. 'evz', NOW, EID)
 for _, old in ipairs(redis.call('ZRANGEBYSCORE', P .. 'evz', '-inf', NOW - WINDOW, 'LIMIT', 0, 100)) do
@@ -607,12 +816,15 @@ end
 local wake = 0
 local started, resumed = {}, {}
 for i, fname in ipairs(subs) do
+  local o = sb + 1 + (i - 1) * stride
+  local fl = read_flow(o + 3)
+  fl.enforce = '0'
   -- One run per function per event, however often it is delivered.
-  local id, created = insert_run(ARGV[first_id + i - 1], fname, DATA, 'event:' .. NAME, '',
-    'event:' .. EID, '', '', '')
+  local id, created, _, woke = insert_run(ARGV[o + 1], fname, DATA, 'event:' .. NAME, '',
+    'event:' .. EID, '', '', '', ARGV[o + 2], fl)
   if id then
     started[#started + 1] = id
-    if created then wake = wake + 1 end
+    if created then wake = wake + 1 + woke end
   end
 end
 for i = 0, m - 1 do

@@ -51,6 +51,7 @@ async fn tenants_spread_over_masters_and_all_runs_complete() {
                     idempotency_key: None,
                     retry: None,
                     parent: None,
+                    priority: None,
                 })
                 .await
                 .expect("enqueue")

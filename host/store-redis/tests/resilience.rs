@@ -34,6 +34,7 @@ fn request(tenant: &str, due_at: Option<i64>) -> EnqueueRequest {
         idempotency_key: None,
         retry: None,
         parent: None,
+        priority: None,
     }
 }
 

@@ -45,6 +45,7 @@ async fn measure(url: &str, label: &str) {
                         idempotency_key: None,
                         retry: None,
                         parent: None,
+                        priority: None,
                     })
                     .await
                     .unwrap();

@@ -103,6 +103,7 @@ async fn many_workers(url: &str) {
                 idempotency_key: None,
                 retry: None,
                 parent: None,
+                priority: None,
             })
             .await
             .unwrap()

@@ -6,6 +6,14 @@
 //! expiry and a per-run fencing token, so runs held by a dead process are handed out again
 //! once their lease expires.
 //!
+//! Claims are fair and cheap with any backlog: due runs enter their tenant's *lane*
+//! (indexed by tenant and rank = due time + priority offset); a claim lets the tenants with
+//! runs in their lane take turns (a skip-scan of that index, starting after the tenant
+//! served last), takes each tenant's best run its gates let start, and *parks* the runs a
+//! full concurrency key or throttle window holds back, so they cost nothing until a slot
+//! frees (a trigger) or the window opens (`gate_timers`). Quotas read per-tenant counts
+//! kept by triggers (`tenant_load`).
+//!
 //! The connection sits behind a mutex and every call runs on tokio's blocking pool: SQLite
 //! serialises writers anyway, and one connection keeps the transactions simple. This is
 //! not a multi-host backend: several processes on one file work, but use Redis for that.
@@ -15,6 +23,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
+use wasq_core::flow::{self, FlowPlan, Gate};
 use wasq_core::*;
 
 mod directory;
@@ -81,7 +90,6 @@ CREATE TABLE IF NOT EXISTS events (
     created_at INTEGER NOT NULL,
     PRIMARY KEY (tenant, id)
 );
-CREATE INDEX IF NOT EXISTS runs_ready ON runs (due_at, created_at) WHERE status IN ('queued', 'sleeping');
 CREATE UNIQUE INDEX IF NOT EXISTS runs_idempotency ON runs (tenant, function, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 CREATE INDEX IF NOT EXISTS runs_leased ON runs (lease_expires_at) WHERE status = 'running';
@@ -121,14 +129,107 @@ CREATE TABLE IF NOT EXISTS logs (
 );
 "#;
 
+/// Flow control, quotas and fairness (see `claim`): columns added to `runs` (on old files
+/// too), their indexes, and the bookkeeping tables. Triggers keep the bookkeeping exact
+/// whatever statement changes a run's status:
+/// - `tenant_load` counts each tenant's queued and running runs (quotas read it in O(1));
+/// - a run that changes status leaves the lane (`promoted`) and any gate it was parked on;
+/// - a run of a concurrency key that stops running (or ends while waiting) lets the best
+///   parked run of its key back into the lane.
+const FLOW_COLUMNS: &[(&str, &str)] = &[
+    ("priority", "INTEGER NOT NULL DEFAULT 0"),
+    // priority x aging step; rank = due_at + rank_offset, set when the run enters the lane
+    ("rank_offset", "INTEGER NOT NULL DEFAULT 0"),
+    ("rank", "INTEGER NOT NULL DEFAULT 0"),
+    // 1 once due: the run is in its tenant's lane, ordered by rank
+    ("promoted", "INTEGER NOT NULL DEFAULT 0"),
+    // the gate a due run waits on (its concurrency key is full, or its throttle window)
+    ("parked", "TEXT"),
+    ("cgate", "TEXT"),
+    ("climit", "INTEGER"),
+    ("tgate", "TEXT"),
+    ("tlimit", "INTEGER"),
+    ("tperiod", "INTEGER"),
+    ("dgate", "TEXT"),
+    ("flow_keys", "TEXT"),
+];
+
+const FLOW_SCHEMA: &str = r#"
+DROP INDEX IF EXISTS runs_ready;
+CREATE INDEX IF NOT EXISTS runs_due ON runs (due_at)
+    WHERE status IN ('queued', 'sleeping') AND promoted = 0;
+CREATE INDEX IF NOT EXISTS runs_lane ON runs (tenant, rank, id)
+    WHERE status IN ('queued', 'sleeping') AND promoted = 1 AND parked IS NULL;
+CREATE INDEX IF NOT EXISTS runs_parked ON runs (tenant, parked, rank, id) WHERE parked IS NOT NULL;
+CREATE INDEX IF NOT EXISTS runs_gate_running ON runs (tenant, cgate)
+    WHERE status = 'running' AND cgate IS NOT NULL;
+CREATE INDEX IF NOT EXISTS runs_debounce ON runs (tenant, dgate)
+    WHERE status = 'queued' AND dgate IS NOT NULL;
+-- Sliding windows: first starts of throttled runs, accepted runs of rate limits.
+CREATE TABLE IF NOT EXISTS flow_log (
+    tenant TEXT NOT NULL,
+    gate   TEXT NOT NULL,
+    at     INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS flow_log_by_gate ON flow_log (tenant, gate, at);
+-- When a throttle gate with parked runs opens next.
+CREATE TABLE IF NOT EXISTS gate_timers (
+    tenant  TEXT NOT NULL,
+    gate    TEXT NOT NULL,
+    at      INTEGER NOT NULL,
+    tlimit  INTEGER NOT NULL,
+    tperiod INTEGER NOT NULL,
+    PRIMARY KEY (tenant, gate)
+);
+CREATE INDEX IF NOT EXISTS gate_timers_by_time ON gate_timers (at);
+CREATE TABLE IF NOT EXISTS tenant_load (
+    tenant  TEXT PRIMARY KEY,
+    queued  INTEGER NOT NULL DEFAULT 0,
+    running INTEGER NOT NULL DEFAULT 0
+);
+CREATE TRIGGER IF NOT EXISTS runs_load_insert AFTER INSERT ON runs BEGIN
+    INSERT OR IGNORE INTO tenant_load (tenant) VALUES (NEW.tenant);
+    UPDATE tenant_load SET queued = queued + (NEW.status = 'queued'),
+        running = running + (NEW.status = 'running')
+    WHERE tenant = NEW.tenant;
+END;
+CREATE TRIGGER IF NOT EXISTS runs_load_delete AFTER DELETE ON runs BEGIN
+    UPDATE tenant_load SET queued = queued - (OLD.status = 'queued'),
+        running = running - (OLD.status = 'running')
+    WHERE tenant = OLD.tenant;
+END;
+CREATE TRIGGER IF NOT EXISTS runs_status_change AFTER UPDATE OF status ON runs
+WHEN OLD.status <> NEW.status BEGIN
+    UPDATE tenant_load SET
+        queued = queued + (NEW.status = 'queued') - (OLD.status = 'queued'),
+        running = running + (NEW.status = 'running') - (OLD.status = 'running')
+    WHERE tenant = NEW.tenant;
+    UPDATE runs SET promoted = 0, parked = NULL
+    WHERE id = NEW.id AND (promoted <> 0 OR parked IS NOT NULL);
+    UPDATE runs SET parked = NULL
+    WHERE OLD.cgate IS NOT NULL
+      AND (OLD.status = 'running'
+           OR NEW.status IN ('succeeded', 'failed', 'cancelled', 'skipped'))
+      AND id = (SELECT id FROM runs WHERE tenant = OLD.tenant AND parked = OLD.cgate
+                ORDER BY rank, id LIMIT 1);
+END;
+"#;
+
+/// Gate checks one claim may fail (parking those runs) before it gives up for now.
+const PARK_BUDGET: usize = 1000;
+/// Tenants with due runs one claim considers at most.
+const LANE_TENANTS_MAX: usize = 10_000;
+
 const RUN_COLUMNS: &str = "id, tenant, function, digest, settings, status, input, output, error, \
      attempt, trigger, progress, created_at, updated_at, due_at, finished_at, idempotency_key, \
-     parent, wait";
+     parent, wait, priority, flow_keys";
 
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
     clock: Arc<dyn Clock>,
+    /// The tenant the last claim served last: the next claim starts after it.
+    cursor: Arc<Mutex<String>>,
 }
 
 impl SqliteStore {
@@ -156,9 +257,11 @@ impl SqliteStore {
             .map_err(internal)?;
         conn.execute_batch(SCHEMA).map_err(internal)?;
         conn.execute_batch(directory::SCHEMA).map_err(internal)?;
+        migrate(&conn)?;
         Ok(SqliteStore {
             conn: Arc::new(Mutex::new(conn)),
             clock,
+            cursor: Arc::new(Mutex::new(String::new())),
         })
     }
 
@@ -196,6 +299,40 @@ impl SqliteStore {
         .await
         .map_err(|e| StoreError::Internal(format!("store task failed: {e}")))?
     }
+}
+
+/// Brings a file created by an older version up to date: adds the flow-control columns,
+/// and fills `tenant_load` once, when its triggers are first created.
+fn migrate(conn: &Connection) -> Result<(), StoreError> {
+    let have: Vec<String> = {
+        let mut stmt = conn
+            .prepare("SELECT name FROM pragma_table_info('runs')")
+            .map_err(internal)?;
+        let rows = stmt.query_map([], |r| r.get(0)).map_err(internal)?;
+        rows.collect::<Result<_, _>>().map_err(internal)?
+    };
+    for (name, decl) in FLOW_COLUMNS {
+        if !have.iter().any(|h| h == name) {
+            conn.execute_batch(&format!("ALTER TABLE runs ADD COLUMN {name} {decl}"))
+                .map_err(internal)?;
+        }
+    }
+    let counted: bool = conn
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'trigger' AND name = 'runs_load_insert')",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(internal)?;
+    conn.execute_batch(FLOW_SCHEMA).map_err(internal)?;
+    if !counted {
+        conn.execute_batch(
+            "INSERT OR REPLACE INTO tenant_load (tenant, queued, running)
+             SELECT tenant, SUM(status = 'queued'), SUM(status = 'running') FROM runs GROUP BY tenant",
+        )
+        .map_err(internal)?;
+    }
+    Ok(())
 }
 
 fn internal(e: rusqlite::Error) -> StoreError {
@@ -250,6 +387,8 @@ fn run_from_row(row: &Row<'_>) -> rusqlite::Result<Run> {
         idempotency_key: row.get(16)?,
         parent: row.get(17)?,
         wait: opt_json(row.get(18)?)?,
+        priority: row.get(19)?,
+        keys: opt_json(row.get(20)?)?.unwrap_or_default(),
     })
 }
 
@@ -432,7 +571,9 @@ fn reap_expired(tx: &Connection, now: i64) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Creates a run (or finds the one with the same idempotency key) inside a transaction.
+/// Creates a run (or finds the one with the same idempotency key) inside a transaction,
+/// applying the function's rate limit and debounce and the tenant's `max_queued` (see
+/// [`Store::enqueue`]).
 fn insert_run(tx: &Connection, now: i64, req: EnqueueRequest) -> Result<Enqueued, StoreError> {
     let id = uuid::Uuid::now_v7().to_string();
     let function = load_function(tx, &req.tenant, &req.function)?
@@ -464,32 +605,527 @@ fn insert_run(tx: &Connection, now: i64, req: EnqueueRequest) -> Result<Enqueued
             None => {}
         }
     }
+    let plan = function
+        .settings
+        .flow
+        .plan(&req.function, &req.input, req.priority);
     let mut settings = function.settings;
     if let Some(retry) = req.retry {
         settings.retry = retry;
     }
+    let new = NewRun {
+        id: &id,
+        req: &req,
+        digest: &function.digest,
+        settings: &settings,
+        plan: &plan,
+    };
+    if let Some(g) = &plan.rate_limit
+        && window_full(tx, &req.tenant, g, now)?.is_some()
+    {
+        new.insert(tx, now, now, Some(&plan.rate_limited_error()))?;
+        return created(tx, &id);
+    }
+    // The pending (not yet started) run of the debounce key, which this one replaces.
+    let replaced: Option<String> = match &plan.debounce {
+        Some(g) => tx
+            .query_row(
+                "SELECT id FROM runs WHERE tenant = ?1 AND dgate = ?2 AND status = 'queued'
+                     AND attempt = 0 LIMIT 1",
+                params![req.tenant, g.id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(internal)?,
+        None => None,
+    };
+    if req.parent.is_none() {
+        check_queue_quota(tx, &req.tenant, u64::from(replaced.is_none()))?;
+    }
+    if let Some(old) = replaced {
+        skip_run(tx, &old, &flow::debounced_error(&id), now)?;
+    }
+    let mut due = req.due_at.unwrap_or(now);
+    if let Some(g) = &plan.debounce {
+        due = due.max(now + g.period_ms as i64);
+    }
+    new.insert(tx, now, due, None)?;
+    if let Some(g) = &plan.rate_limit {
+        log_window(tx, &req.tenant, g, now)?;
+    }
+    created(tx, &id)
+}
+
+fn created(tx: &Connection, id: &str) -> Result<Enqueued, StoreError> {
+    let run =
+        load_run(tx, id)?.ok_or_else(|| StoreError::Internal("inserted run vanished".into()))?;
+    Ok(Enqueued { run, created: true })
+}
+
+/// A run about to be inserted.
+struct NewRun<'a> {
+    id: &'a str,
+    req: &'a EnqueueRequest,
+    digest: &'a str,
+    settings: &'a FunctionSettings,
+    plan: &'a FlowPlan,
+}
+
+impl NewRun<'_> {
+    /// Inserts it queued, due at `due` (in the lane at once when due now), or skipped
+    /// with `skipped` as its error.
+    fn insert(
+        &self,
+        tx: &Connection,
+        now: i64,
+        due: i64,
+        skipped: Option<&RunError>,
+    ) -> Result<(), StoreError> {
+        let (req, plan) = (self.req, self.plan);
+        let (status, error, finished) = match skipped {
+            Some(e) => (RunStatus::Skipped, Some(to_json(e)?), Some(now)),
+            None => (RunStatus::Queued, None, None),
+        };
+        let keys = (!plan.keys.is_empty())
+            .then(|| to_json(&plan.keys))
+            .transpose()?;
+        let (cgate, climit) = plan
+            .concurrency
+            .as_ref()
+            .map_or((None, None), |g| (Some(&g.id), Some(g.limit)));
+        let (tgate, tlimit, tperiod) = plan.throttle.as_ref().map_or((None, None, None), |g| {
+            (Some(&g.id), Some(g.limit), Some(g.period_ms as i64))
+        });
+        let promoted = skipped.is_none() && due <= now;
+        tx.execute(
+            "INSERT INTO runs (id, tenant, function, digest, settings, status, input, trigger,
+                 created_at, updated_at, due_at, idempotency_key, parent, error, finished_at,
+                 priority, rank_offset, rank, promoted, cgate, climit, tgate, tlimit, tperiod,
+                 dgate, flow_keys)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13, ?14,
+                 ?15, ?16, ?10 + ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)",
+            params![
+                self.id,
+                req.tenant,
+                req.function,
+                self.digest,
+                to_json(self.settings)?,
+                status.as_str(),
+                req.input,
+                req.trigger,
+                now,
+                due,
+                req.idempotency_key,
+                req.parent,
+                error,
+                finished,
+                plan.priority,
+                plan.rank_offset,
+                promoted,
+                cgate,
+                climit,
+                tgate,
+                tlimit,
+                tperiod,
+                plan.debounce.as_ref().map(|g| &g.id),
+                keys,
+            ],
+        )
+        .map_err(internal)?;
+        Ok(())
+    }
+}
+
+/// Ends a run that has not started as skipped (debounce: replaced by a later run).
+fn skip_run(tx: &Connection, id: &str, error: &RunError, now: i64) -> Result<(), StoreError> {
     tx.execute(
-        "INSERT INTO runs (id, tenant, function, digest, settings, status, input, trigger,
-             created_at, updated_at, due_at, idempotency_key, parent)
-         VALUES (?1, ?2, ?3, ?4, ?5, 'queued', ?6, ?7, ?8, ?8, ?9, ?10, ?11)",
-        params![
-            id,
-            req.tenant,
-            req.function,
-            function.digest,
-            to_json(&settings)?,
-            req.input,
-            req.trigger,
-            now,
-            req.due_at.unwrap_or(now),
-            req.idempotency_key,
-            req.parent,
-        ],
+        "UPDATE runs SET status = 'skipped', error = ?2, finished_at = ?3, updated_at = ?3
+         WHERE id = ?1",
+        params![id, to_json(error)?, now],
     )
     .map_err(internal)?;
+    resolve_waiters_of(tx, id, now)
+}
+
+/// Fails with the tenant's `max_queued` error unless it may queue `adding` more runs. A
+/// tenant without a record has no quotas.
+fn check_queue_quota(tx: &Connection, tenant: &str, adding: u64) -> Result<(), StoreError> {
+    let Some(quotas) = tenant_quotas(tx, tenant)? else {
+        return Ok(());
+    };
+    let queued: i64 = tx
+        .query_row(
+            "SELECT queued FROM tenant_load WHERE tenant = ?1",
+            [tenant],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(internal)?
+        .unwrap_or(0);
+    if queued.max(0) as u64 + adding > quotas.max_queued {
+        return Err(queue_quota_exceeded(tenant, quotas.max_queued));
+    }
+    Ok(())
+}
+
+fn tenant_quotas(tx: &Connection, tenant: &str) -> Result<Option<Quotas>, StoreError> {
+    let quotas: Option<String> = tx
+        .query_row(
+            "SELECT quotas FROM tenants WHERE name = ?1",
+            [tenant],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(internal)?;
+    quotas
+        .map(|q| serde_json::from_str(&q).map_err(|e| StoreError::Internal(format!("quotas: {e}"))))
+        .transpose()
+}
+
+/// The sliding window of a throttle or rate limit: `Some(t)` when `limit` entries fall in
+/// the last `period` (the window is full until `t`), `None` when there is room.
+fn window_full(
+    tx: &Connection,
+    tenant: &str,
+    gate: &Gate,
+    now: i64,
+) -> Result<Option<i64>, StoreError> {
+    let limit_th: Option<i64> = tx
+        .query_row(
+            "SELECT at FROM flow_log WHERE tenant = ?1 AND gate = ?2 AND at > ?3
+             ORDER BY at DESC LIMIT 1 OFFSET ?4",
+            params![
+                tenant,
+                gate.id,
+                now - gate.period_ms as i64,
+                i64::from(gate.limit) - 1
+            ],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(internal)?;
+    Ok(limit_th.map(|at| at + gate.period_ms as i64))
+}
+
+/// Records an entry in the window (and forgets entries that left it).
+fn log_window(tx: &Connection, tenant: &str, gate: &Gate, now: i64) -> Result<(), StoreError> {
+    tx.execute(
+        "DELETE FROM flow_log WHERE tenant = ?1 AND gate = ?2 AND at <= ?3",
+        params![tenant, gate.id, now - gate.period_ms as i64],
+    )
+    .map_err(internal)?;
+    tx.execute(
+        "INSERT INTO flow_log (tenant, gate, at) VALUES (?1, ?2, ?3)",
+        params![tenant, gate.id, now],
+    )
+    .map_err(internal)?;
+    Ok(())
+}
+
+/// A tenant taking turns in a claim.
+struct Turn {
+    tenant: String,
+    /// Runs it may still start in this claim (`max_running` minus running).
+    room: u64,
+}
+
+/// Runs the tenant may start now: `max_running` minus its running runs (no record: no
+/// limit).
+fn room(tx: &Connection, tenant: &str) -> Result<u64, StoreError> {
+    let Some(q) = tenant_quotas(tx, tenant)? else {
+        return Ok(u64::MAX);
+    };
+    let running: i64 = tx
+        .query_row(
+            "SELECT running FROM tenant_load WHERE tenant = ?1",
+            [tenant],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(internal)?
+        .unwrap_or(0);
+    Ok(u64::from(q.max_running).saturating_sub(running.max(0) as u64))
+}
+
+/// The claim proper, after reaping and promotion: the tenants with runs in their lane take
+/// turns, one run per turn, until `limit` runs are leased or no tenant has a startable run.
+/// The first round walks the tenants in name order from the one after `after` (wrapping
+/// around), one index seek each, and stops as soon as `limit` runs are leased; tenants
+/// that got a run and may start more go round again. Returns the runs and the tenant
+/// served last (where the next claim starts).
+fn claim_round_robin(
+    tx: &Connection,
+    now: i64,
+    req: &ClaimRequest,
+    after: &str,
+) -> Result<(Vec<Claimed>, Option<String>), StoreError> {
+    let expires_at = now + req.lease_ms as i64;
+    let mut claimed = Vec::new();
+    let mut last = None;
+    let mut parks = PARK_BUDGET;
+    let mut again = std::collections::VecDeque::new();
+    let mut take = |tx: &Connection,
+                    mut turn: Turn,
+                    parks: &mut usize,
+                    claimed: &mut Vec<Claimed>|
+     -> Result<Option<Turn>, StoreError> {
+        let Some(id) = next_startable(tx, &turn.tenant, now, parks)? else {
+            return Ok(None);
+        };
+        claimed.push(lease_run(tx, &id, &req.worker, now, expires_at)?);
+        last = Some(turn.tenant.clone());
+        turn.room -= 1;
+        Ok((turn.room > 0).then_some(turn))
+    };
+    {
+        // Skip-scan of the lane index: one seek per tenant.
+        let mut next = tx
+            .prepare_cached(
+                "SELECT tenant FROM runs
+                 WHERE status IN ('queued', 'sleeping') AND promoted = 1 AND parked IS NULL
+                     AND tenant > ?1
+                 ORDER BY tenant LIMIT 1",
+            )
+            .map_err(internal)?;
+        let mut from = after.to_owned();
+        let mut wrapped = after.is_empty();
+        let mut visited = 0;
+        while claimed.len() < req.limit && visited < LANE_TENANTS_MAX {
+            let found = next
+                .query_row([&from], |r| r.get::<_, String>(0))
+                .optional()
+                .map_err(internal)?;
+            let tenant = match found {
+                Some(t) if !(wrapped && !after.is_empty() && t.as_str() > after) => t,
+                // Past the end: once more from the start, up to the cursor.
+                None if !wrapped => {
+                    wrapped = true;
+                    from.clear();
+                    continue;
+                }
+                _ => break,
+            };
+            from.clone_from(&tenant);
+            visited += 1;
+            let room = room(tx, &tenant)?;
+            if room == 0 {
+                continue;
+            }
+            if let Some(turn) = take(tx, Turn { tenant, room }, &mut parks, &mut claimed)? {
+                again.push_back(turn);
+            }
+        }
+    }
+    while claimed.len() < req.limit {
+        let Some(turn) = again.pop_front() else {
+            break;
+        };
+        if let Some(turn) = take(tx, turn, &mut parks, &mut claimed)? {
+            again.push_back(turn);
+        }
+    }
+    Ok((claimed, last))
+}
+
+/// The tenant's best-ranked run in its lane that its gates let start now. Runs whose
+/// concurrency key is full or whose throttle window is full (first starts only) are
+/// parked on that gate on the way; `None` when none is left or `parks` ran out.
+fn next_startable(
+    tx: &Connection,
+    tenant: &str,
+    now: i64,
+    parks: &mut usize,
+) -> Result<Option<String>, StoreError> {
+    loop {
+        if *parks == 0 {
+            return Ok(None);
+        }
+        #[allow(clippy::type_complexity)]
+        let head: Option<(
+            String,
+            String,
+            u32,
+            Option<String>,
+            Option<u32>,
+            Option<String>,
+            Option<u32>,
+            Option<i64>,
+        )> = tx
+            .prepare_cached(
+                "SELECT id, status, attempt, cgate, climit, tgate, tlimit, tperiod FROM runs
+                 WHERE tenant = ?1 AND status IN ('queued', 'sleeping') AND promoted = 1
+                     AND parked IS NULL
+                 ORDER BY rank, id LIMIT 1",
+            )
+            .map_err(internal)?
+            .query_row([tenant], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                    r.get(6)?,
+                    r.get(7)?,
+                ))
+            })
+            .optional()
+            .map_err(internal)?;
+        let Some((id, status, attempt, cgate, climit, tgate, tlimit, tperiod)) = head else {
+            return Ok(None);
+        };
+        if let (Some(gate), Some(limit)) = (&cgate, climit) {
+            let running: u32 = tx
+                .query_row(
+                    "SELECT COUNT(*) FROM runs WHERE tenant = ?1 AND cgate = ?2 AND status = 'running'",
+                    params![tenant, gate],
+                    |r| r.get(0),
+                )
+                .map_err(internal)?;
+            if running >= limit {
+                park(tx, &id, gate)?;
+                *parks -= 1;
+                continue;
+            }
+        }
+        if let (Some(id_t), Some(limit), Some(period)) = (&tgate, tlimit, tperiod)
+            && status == "queued"
+            && attempt == 0
+        {
+            let gate = Gate {
+                id: id_t.clone(),
+                limit,
+                period_ms: period as u64,
+            };
+            if let Some(open_at) = window_full(tx, tenant, &gate, now)? {
+                park(tx, &id, &gate.id)?;
+                tx.execute(
+                    "INSERT INTO gate_timers (tenant, gate, at, tlimit, tperiod)
+                     VALUES (?1, ?2, ?3, ?4, ?5)
+                     ON CONFLICT (tenant, gate) DO UPDATE SET at = MIN(at, excluded.at)",
+                    params![tenant, gate.id, open_at, limit, period],
+                )
+                .map_err(internal)?;
+                *parks -= 1;
+                continue;
+            }
+            log_window(tx, tenant, &gate, now)?;
+        }
+        return Ok(Some(id));
+    }
+}
+
+fn park(tx: &Connection, id: &str, gate: &str) -> Result<(), StoreError> {
+    tx.execute(
+        "UPDATE runs SET parked = ?2 WHERE id = ?1",
+        params![id, gate],
+    )
+    .map_err(internal)?;
+    Ok(())
+}
+
+/// Leases run `id` (in the lane, let through by its gates) to `worker`.
+fn lease_run(
+    tx: &Connection,
+    id: &str,
+    worker: &str,
+    now: i64,
+    expires_at: i64,
+) -> Result<Claimed, StoreError> {
+    let token: u64 = tx
+        .query_row(
+            // Waking from a sleep continues the attempt; anything else starts one.
+            "UPDATE runs SET status = 'running',
+                 attempt = CASE WHEN status = 'sleeping' THEN MAX(attempt, 1) ELSE attempt + 1 END,
+                 resumed = (status = 'sleeping'),
+                 lease_token = lease_token + 1, lease_expires_at = ?2, worker = ?3,
+                 updated_at = ?4
+             WHERE id = ?1 RETURNING lease_token",
+            params![id, expires_at, worker, now],
+            |r| r.get(0),
+        )
+        .map_err(internal)?;
     let run =
-        load_run(tx, &id)?.ok_or_else(|| StoreError::Internal("inserted run vanished".into()))?;
-    Ok(Enqueued { run, created: true })
+        load_run(tx, id)?.ok_or_else(|| StoreError::Internal("claimed run vanished".into()))?;
+    tx.execute(
+        "INSERT INTO attempts (run_id, seq, number, worker, started_at)
+         VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM attempts WHERE run_id = ?1), ?2, ?3, ?4)",
+        params![id, run.attempt, worker, now],
+    )
+    .map_err(internal)?;
+    let steps = load_steps(tx, id)?;
+    Ok(Claimed {
+        lease: Lease {
+            tenant: run.tenant.clone(),
+            run_id: id.to_owned(),
+            token,
+            expires_at,
+        },
+        run,
+        steps,
+    })
+}
+
+/// Throttle gates whose window opened: lets as many parked runs back into the lane as the
+/// window has room for, best rank first. While runs stay parked the gate's timer is set
+/// to when the window opens next (counting the let-through runs as started now).
+fn open_throttles(tx: &Connection, now: i64) -> Result<(), StoreError> {
+    let due: Vec<(String, String, u32, i64)> = {
+        let mut stmt = tx
+            .prepare_cached("SELECT tenant, gate, tlimit, tperiod FROM gate_timers WHERE at <= ?1")
+            .map_err(internal)?;
+        let rows = stmt
+            .query_map([now], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .map_err(internal)?;
+        rows.collect::<Result<_, _>>().map_err(internal)?
+    };
+    for (tenant, gate, limit, period) in due {
+        let window: Vec<i64> = {
+            let mut stmt = tx
+                .prepare_cached(
+                    "SELECT at FROM flow_log WHERE tenant = ?1 AND gate = ?2 AND at > ?3
+                     ORDER BY at DESC LIMIT ?4",
+                )
+                .map_err(internal)?;
+            let rows = stmt
+                .query_map(params![tenant, gate, now - period, limit], |r| r.get(0))
+                .map_err(internal)?;
+            rows.collect::<Result<_, _>>().map_err(internal)?
+        };
+        let room = (limit as usize).saturating_sub(window.len());
+        if room > 0 {
+            tx.execute(
+                "UPDATE runs SET parked = NULL WHERE id IN (
+                     SELECT id FROM runs WHERE tenant = ?1 AND parked = ?2
+                     ORDER BY rank, id LIMIT ?3)",
+                params![tenant, gate, room as i64],
+            )
+            .map_err(internal)?;
+        }
+        let still_parked: bool = tx
+            .query_row(
+                "SELECT EXISTS (SELECT 1 FROM runs WHERE tenant = ?1 AND parked = ?2)",
+                params![tenant, gate],
+                |r| r.get(0),
+            )
+            .map_err(internal)?;
+        if still_parked {
+            let opens = window.last().copied().unwrap_or(now) + period;
+            tx.execute(
+                "UPDATE gate_timers SET at = ?3 WHERE tenant = ?1 AND gate = ?2",
+                params![tenant, gate, opens.max(now + 1)],
+            )
+            .map_err(internal)?;
+        } else {
+            tx.execute(
+                "DELETE FROM gate_timers WHERE tenant = ?1 AND gate = ?2",
+                params![tenant, gate],
+            )
+            .map_err(internal)?;
+        }
+    }
+    Ok(())
 }
 
 /// Appends log lines after the run's last one.
@@ -587,6 +1223,13 @@ fn run_resolution(target: &Run) -> Option<Resolution> {
         RunStatus::Cancelled => Some(Resolution::Error {
             message: format!("run {} was cancelled", target.id),
         }),
+        RunStatus::Skipped => Some(flow::skipped_resolution(
+            &target.id,
+            target
+                .error
+                .as_ref()
+                .unwrap_or(&RunError::new(ErrorReason::Host, "skipped")),
+        )),
         _ => None,
     }
 }
@@ -703,48 +1346,27 @@ impl Store for SqliteStore {
     }
 
     async fn claim(&self, req: ClaimRequest) -> Result<Vec<Claimed>, StoreError> {
-        self.tx(move |tx, now| {
-            reap_expired(tx, now)?;
-            resolve_timeouts(tx, now)?;
-            let ids: Vec<String> = {
-                let mut stmt = tx
-                    .prepare_cached(
-                        "SELECT id FROM runs WHERE status IN ('queued', 'sleeping') AND due_at <= ?1
-                         ORDER BY due_at, created_at, id LIMIT ?2",
-                    )
-                    .map_err(internal)?;
-                let rows = stmt.query_map(params![now, req.limit as i64], |r| r.get(0)).map_err(internal)?;
-                rows.collect::<Result<_, _>>().map_err(internal)?
-            };
-            let expires_at = now + req.lease_ms as i64;
-            let mut claimed = Vec::with_capacity(ids.len());
-            for id in ids {
-                let token: u64 = tx
-                    .query_row(
-                        // Waking from a sleep continues the attempt; anything else starts one.
-                        "UPDATE runs SET status = 'running',
-                             attempt = CASE WHEN status = 'sleeping' THEN MAX(attempt, 1) ELSE attempt + 1 END,
-                             resumed = (status = 'sleeping'),
-                             lease_token = lease_token + 1, lease_expires_at = ?2, worker = ?3,
-                             updated_at = ?4
-                         WHERE id = ?1 RETURNING lease_token",
-                        params![id, expires_at, req.worker, now],
-                        |r| r.get(0),
-                    )
-                    .map_err(internal)?;
-                let run = load_run(tx, &id)?.ok_or_else(|| StoreError::Internal("claimed run vanished".into()))?;
+        let cursor = self.cursor.clone();
+        let after = cursor.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let (claimed, last) = self
+            .tx(move |tx, now| {
+                reap_expired(tx, now)?;
+                resolve_timeouts(tx, now)?;
+                open_throttles(tx, now)?;
+                // Due runs enter their tenant's lane, ranked.
                 tx.execute(
-                    "INSERT INTO attempts (run_id, seq, number, worker, started_at)
-                     VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM attempts WHERE run_id = ?1), ?2, ?3, ?4)",
-                    params![id, run.attempt, req.worker, now],
+                    "UPDATE runs SET promoted = 1, rank = due_at + rank_offset
+                     WHERE status IN ('queued', 'sleeping') AND promoted = 0 AND due_at <= ?1",
+                    [now],
                 )
                 .map_err(internal)?;
-                let steps = load_steps(tx, &id)?;
-                claimed.push(Claimed { lease: Lease { tenant: run.tenant.clone(), run_id: id, token, expires_at }, run, steps });
-            }
-            Ok(claimed)
-        })
-        .await
+                claim_round_robin(tx, now, &req, &after)
+            })
+            .await?;
+        if let Some(last) = last {
+            *cursor.lock().unwrap_or_else(|p| p.into_inner()) = last;
+        }
+        Ok(claimed)
     }
 
     async fn renew(&self, leases: &[Lease], lease_ms: u64) -> Result<Vec<RunId>, StoreError> {
@@ -997,6 +1619,7 @@ impl Store for SqliteStore {
                         idempotency_key: Some(format!("event:{id}")),
                         retry: None,
                         parent: None,
+                        priority: None,
                     },
                 )?;
                 sent.started.push(started.run.id);
@@ -1079,7 +1702,7 @@ impl Store for SqliteStore {
                 let mut stmt = tx
                     .prepare_cached(
                         "SELECT id FROM runs
-                         WHERE (status = 'succeeded' AND finished_at < ?1)
+                         WHERE (status IN ('succeeded', 'skipped') AND finished_at < ?1)
                             OR (status IN ('failed', 'cancelled') AND finished_at < ?2)
                          LIMIT ?3",
                     )
@@ -1131,5 +1754,69 @@ impl Store for SqliteStore {
             rows.collect::<Result<_, _>>().map_err(internal)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(conn: &Connection, sql: &str) -> String {
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let n = stmt.parameter_count();
+        let params: Vec<rusqlite::types::Value> =
+            (0..n).map(|_| rusqlite::types::Value::Integer(0)).collect();
+        let rows = stmt
+            .query_map(rusqlite::params_from_iter(params), |r| {
+                r.get::<_, String>(3)
+            })
+            .unwrap();
+        rows.collect::<Result<Vec<_>, _>>().unwrap().join("; ")
+    }
+
+    /// Claims stay cheap with a large backlog: every query of the claim path seeks an
+    /// index instead of scanning the runs.
+    #[test]
+    fn claim_queries_use_indexes() {
+        let store = SqliteStore::open_in_memory(Arc::new(SystemClock)).unwrap();
+        let conn = store.conn.lock().unwrap();
+        for (sql, index) in [
+            (
+                "UPDATE runs SET promoted = 1, rank = due_at + rank_offset
+                 WHERE status IN ('queued', 'sleeping') AND promoted = 0 AND due_at <= ?1",
+                "runs_due",
+            ),
+            (
+                "SELECT tenant FROM runs
+                 WHERE status IN ('queued', 'sleeping') AND promoted = 1 AND parked IS NULL
+                     AND tenant > ?1
+                 ORDER BY tenant LIMIT 1",
+                "runs_lane",
+            ),
+            (
+                "SELECT id, status, attempt, cgate, climit, tgate, tlimit, tperiod FROM runs
+                 WHERE tenant = ?1 AND status IN ('queued', 'sleeping') AND promoted = 1
+                     AND parked IS NULL
+                 ORDER BY rank, id LIMIT 1",
+                "runs_lane",
+            ),
+            (
+                "SELECT COUNT(*) FROM runs WHERE tenant = ?1 AND cgate = ?2 AND status = 'running'",
+                "runs_gate_running",
+            ),
+            (
+                "SELECT id FROM runs WHERE tenant = ?1 AND parked = ?2 ORDER BY rank, id LIMIT 1",
+                "runs_parked",
+            ),
+            (
+                "SELECT at FROM flow_log WHERE tenant = ?1 AND gate = ?2 AND at > ?3
+                 ORDER BY at DESC LIMIT 1 OFFSET ?4",
+                "flow_log_by_gate",
+            ),
+        ] {
+            let p = plan(&conn, sql);
+            assert!(p.contains(index), "{sql}\n=> {p}");
+            assert!(!p.contains("TEMP B-TREE"), "no sort: {sql}\n=> {p}");
+        }
     }
 }

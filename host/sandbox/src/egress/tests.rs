@@ -346,7 +346,7 @@ fn guard(allow: &[&str], loopback: bool, config: EgressConfig) -> (Guard, Arc<Li
         config: &config,
         allow_loopback: loopback,
         deadline: Instant::now() + Duration::from_secs(30),
-        logs: Arc::new(LogSink::new(lines.clone(), 1, 1 << 20)),
+        logs: Arc::new(LogSink::new(lines.clone(), 1, 1 << 20, 10_000)),
     });
     (g, lines)
 }

@@ -4,6 +4,10 @@
 //! - `grow`: memory.grow page by page until refused; returns the bytes it got.
 //! - `handles`: creates WASI pollables without dropping them (host-side resource table).
 //! - `log-flood`: 64 MiB of log lines and stdout (the per-attempt log budget).
+//! - `log-lines`: 100,000 short log lines and stdout lines (the per-attempt line budget);
+//!   returns once done, so the run must go on past the budget.
+//! - `log-escapes`: ANSI escape sequences, CR/LF, BEL, NUL, C1 controls and a bidi
+//!   override in log lines and on stdout/stderr (they must be stored escaped).
 //! - `big-output`: an 8 MiB output value (over the 4 MiB output cap).
 //! - `random`: get-random-bytes(2^40) straight through the WASI import.
 //! - `sleep-forever`: std::thread::sleep(u64::MAX ms) blocked inside a host call.
@@ -52,6 +56,19 @@ fn hostile(input: Input) -> Result<Value, Error> {
                 println!("{i} {line}");
             }
             Ok(json!("flooded"))
+        }
+        "log-lines" => {
+            for i in 0..50_000 {
+                info!("line {i}");
+                println!("out {i}");
+            }
+            Ok(json!("all lines written"))
+        }
+        "log-escapes" => {
+            info!("\x1b[31mred\x1b[0m\n2024-01-01 INFO forged line\rover\x07\u{9b}2J\u{202e}evil");
+            println!("\x1b]0;pwned title\x07 nul:\x00 del:\x7f");
+            eprintln!("\x1b[2J\x1b[Hcleared");
+            Ok(json!("escaped"))
         }
         "big-output" => Ok(json!("y".repeat(8 << 20))),
         "random" => {

@@ -1,0 +1,633 @@
+//! Flow control: which runs of a function may start, and when.
+//!
+//! A function's [`FlowControl`] (part of its settings, pinned on every run like the rest)
+//! holds up to four limits, each optionally *keyed* by a [`KeyExpr`] evaluated against the
+//! run's input, and a priority:
+//!
+//! - **concurrency**: at most `limit` runs with the same key execute at once; the others
+//!   stay queued and start as slots free up.
+//! - **throttle**: at most `limit` runs with the same key *start* per `period_ms` (a sliding
+//!   window); the others stay queued and start when the window allows. Only first starts
+//!   count: retries and resumes after a sleep or wait are not throttled.
+//! - **rate limit**: at most `limit` runs with the same key are *accepted* per `period_ms`;
+//!   the others are recorded at once as [`crate::RunStatus::Skipped`]
+//!   ([`crate::ErrorReason::RateLimited`]) and never run.
+//! - **debounce**: a run waits `period_ms`; another run with the same key created meanwhile
+//!   replaces it (the replaced run ends as skipped, [`crate::ErrorReason::Debounced`], its
+//!   error naming its successor) and waits `period_ms` itself, so a burst starts only its
+//!   last run, with its input.
+//! - **priority**: lower starts first. Runs are ordered by *rank* = the time they became
+//!   due + `priority × priority_aging_ms`, so a run waiting long enough overtakes runs of
+//!   a better priority that arrived later: nothing starves. Ties keep creation order.
+//!
+//! Keys are evaluated once, in Rust, when the run is created ([`FlowControl::plan`]); the
+//! stores keep the computed [`Gate`]s on the run and never parse JSON.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{ErrorReason, Resolution, RunError};
+
+/// Priorities a function or run may ask for.
+pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -1000..=1000;
+/// The default aging step: one priority level is worth one minute of waiting.
+pub const DEFAULT_PRIORITY_AGING_MS: u64 = 60_000;
+/// Limits of concurrency, throttle and rate limit.
+pub const FLOW_LIMIT_RANGE: std::ops::RangeInclusive<u32> = 1..=10_000;
+/// Periods of throttle, rate limit and debounce: 1 ms to 7 days.
+pub const FLOW_PERIOD_RANGE: std::ops::RangeInclusive<u64> = 1..=7 * 24 * 3600 * 1000;
+/// Computed keys longer than this are replaced by a hash of themselves.
+pub const MAX_KEY_BYTES: usize = 200;
+const MAX_EXPR_LEN: usize = 256;
+const MAX_SEGMENTS: usize = 16;
+
+/// A function's flow control; every part is optional.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FlowControl {
+    pub concurrency: Option<ConcurrencyLimit>,
+    pub throttle: Option<RateLimit>,
+    pub rate_limit: Option<RateLimit>,
+    pub debounce: Option<Debounce>,
+    /// Lower starts first; a run may override it.
+    pub priority: i32,
+    /// What one priority level is worth in waiting time (see the module docs).
+    pub priority_aging_ms: u64,
+}
+
+impl Default for FlowControl {
+    fn default() -> Self {
+        FlowControl {
+            concurrency: None,
+            throttle: None,
+            rate_limit: None,
+            debounce: None,
+            priority: 0,
+            priority_aging_ms: DEFAULT_PRIORITY_AGING_MS,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConcurrencyLimit {
+    pub limit: u32,
+    /// `None`: one limit for the whole function.
+    #[serde(default)]
+    pub key: Option<KeyExpr>,
+}
+
+/// `limit` per `period_ms`, per key: a throttle or a rate limit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateLimit {
+    pub limit: u32,
+    pub period_ms: u64,
+    #[serde(default)]
+    pub key: Option<KeyExpr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Debounce {
+    pub period_ms: u64,
+    #[serde(default)]
+    pub key: Option<KeyExpr>,
+}
+
+/// The keys a run was created with (evaluated key expressions), for display.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct FlowKeys {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub throttle: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub debounce: Option<String>,
+}
+
+impl FlowKeys {
+    pub fn is_empty(&self) -> bool {
+        *self == FlowKeys::default()
+    }
+}
+
+/// One limit as it applies to one run: the limit's identity within the tenant (kind,
+/// function and key), and its numbers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gate {
+    /// `<kind>:<function>` or `<kind>:<function>:<key>`, kind one of `c` (concurrency), `t`
+    /// (throttle), `r` (rate limit), `d` (debounce). Function names hold no `:`, so two
+    /// functions never share a gate.
+    pub id: String,
+    /// Runs at once (concurrency) or per period (throttle, rate limit); 0 for debounce.
+    pub limit: u32,
+    /// 0 for concurrency.
+    pub period_ms: u64,
+}
+
+/// What the store applies when it creates a run: [`FlowControl`] evaluated for its input.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FlowPlan {
+    pub priority: i32,
+    /// `priority × priority_aging_ms`: added to the due time to rank the run.
+    pub rank_offset: i64,
+    pub concurrency: Option<Gate>,
+    pub throttle: Option<Gate>,
+    pub rate_limit: Option<Gate>,
+    pub debounce: Option<Gate>,
+    pub keys: FlowKeys,
+}
+
+impl FlowControl {
+    /// True when nothing but the default priority is set.
+    pub fn is_default(&self) -> bool {
+        *self == FlowControl::default()
+    }
+
+    /// Evaluates the keys against `input` (JSON; anything else has every key `null`) and
+    /// picks the priority (`priority` overrides the function's).
+    pub fn plan(&self, function: &str, input: &[u8], priority: Option<i32>) -> FlowPlan {
+        let input: serde_json::Value =
+            serde_json::from_slice(input).unwrap_or(serde_json::Value::Null);
+        let priority = priority.unwrap_or(self.priority);
+        let mut keys = FlowKeys::default();
+        let gate = |kind: &str, key: Option<&KeyExpr>, limit, period_ms| {
+            let value = key.map(|k| k.eval(&input));
+            let id = match &value {
+                None => format!("{kind}:{function}"),
+                Some(v) => format!("{kind}:{function}:{}", bounded_key(v)),
+            };
+            (
+                Gate {
+                    id,
+                    limit,
+                    period_ms,
+                },
+                value,
+            )
+        };
+        let concurrency = self.concurrency.as_ref().map(|c| {
+            let (g, v) = gate("c", c.key.as_ref(), c.limit, 0);
+            keys.concurrency = v;
+            g
+        });
+        let throttle = self.throttle.as_ref().map(|t| {
+            let (g, v) = gate("t", t.key.as_ref(), t.limit, t.period_ms);
+            keys.throttle = v;
+            g
+        });
+        let rate_limit = self.rate_limit.as_ref().map(|r| {
+            let (g, v) = gate("r", r.key.as_ref(), r.limit, r.period_ms);
+            keys.rate_limit = v;
+            g
+        });
+        let debounce = self.debounce.as_ref().map(|d| {
+            let (g, v) = gate("d", d.key.as_ref(), 0, d.period_ms);
+            keys.debounce = v;
+            g
+        });
+        FlowPlan {
+            priority,
+            rank_offset: i64::from(priority).saturating_mul(self.priority_aging_ms as i64),
+            concurrency,
+            throttle,
+            rate_limit,
+            debounce,
+            keys,
+        }
+    }
+
+    /// Checks the numbers (key expressions are checked when parsed).
+    pub fn validate(&self) -> Result<(), String> {
+        let limit = |what: &str, n: u32| {
+            if FLOW_LIMIT_RANGE.contains(&n) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{what} limit must be between {} and {}, got {n}",
+                    FLOW_LIMIT_RANGE.start(),
+                    FLOW_LIMIT_RANGE.end()
+                ))
+            }
+        };
+        let period = |what: &str, ms: u64| {
+            if FLOW_PERIOD_RANGE.contains(&ms) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{what} period must be between 1ms and 7 days, got {ms} ms"
+                ))
+            }
+        };
+        if let Some(c) = &self.concurrency {
+            limit("concurrency", c.limit)?;
+        }
+        if let Some(t) = &self.throttle {
+            limit("throttle", t.limit)?;
+            period("throttle", t.period_ms)?;
+        }
+        if let Some(r) = &self.rate_limit {
+            limit("rate_limit", r.limit)?;
+            period("rate_limit", r.period_ms)?;
+        }
+        if let Some(d) = &self.debounce {
+            period("debounce", d.period_ms)?;
+        }
+        check_priority(self.priority)?;
+        if !(1..=24 * 3600 * 1000).contains(&self.priority_aging_ms) {
+            return Err(format!(
+                "priority_aging must be between 1ms and 24h, got {} ms",
+                self.priority_aging_ms
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl FlowPlan {
+    /// The error a run over its rate limit is skipped with.
+    pub fn rate_limited_error(&self) -> RunError {
+        let (limit, period) = self
+            .rate_limit
+            .as_ref()
+            .map_or((0, 0), |g| (g.limit, g.period_ms));
+        let key = match &self.keys.rate_limit {
+            Some(k) => format!(" for key {k:?}"),
+            None => String::new(),
+        };
+        RunError::new(
+            ErrorReason::RateLimited,
+            format!("rate limit of {limit} per {period} ms reached{key}; the run was dropped"),
+        )
+    }
+}
+
+/// The error a debounced run is skipped with when `successor` replaces it.
+pub fn debounced_error(successor: &str) -> RunError {
+    RunError::new(
+        ErrorReason::Debounced,
+        format!("replaced by run {successor} with the same debounce key"),
+    )
+}
+
+/// What a run waiting on a skipped run receives.
+pub fn skipped_resolution(run_id: &str, error: &RunError) -> Resolution {
+    Resolution::Error {
+        message: format!("run {run_id} was skipped: {error}"),
+    }
+}
+
+pub fn check_priority(p: i32) -> Result<(), String> {
+    if PRIORITY_RANGE.contains(&p) {
+        Ok(())
+    } else {
+        Err(format!(
+            "priority must be between {} and {}, got {p}",
+            PRIORITY_RANGE.start(),
+            PRIORITY_RANGE.end()
+        ))
+    }
+}
+
+/// Keys go into store keys and indexes: long ones are replaced by `#` and a 64-bit
+/// FNV-1a hash of themselves (stable across versions and hosts).
+fn bounded_key(key: &str) -> String {
+    if key.len() <= MAX_KEY_BYTES {
+        return key.to_owned();
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("#{h:016x}")
+}
+
+/// A key expression: a path into the run's input.
+///
+/// ```text
+/// expr    = "input" segment*
+/// segment = "." name            field of an object; name = [A-Za-z_][A-Za-z0-9_-]*
+///         | "[" digits "]"      element of an array, from 0
+///         | "[" string "]"      field of an object, any name: a JSON string literal
+/// ```
+///
+/// At most 256 characters and 16 segments, no spaces. Examples: `input.customer.id`,
+/// `input.items[0].sku`, `input["user name"]`, `input` (the whole input).
+///
+/// Evaluation ([`KeyExpr::eval`]) turns the value found into a key: a string is its
+/// contents, any other value its compact JSON (`42`, `true`, `{"a":1,"b":2}`, object
+/// fields sorted by name, so field order in the input does not matter). A path that does
+/// not exist (missing field, index past the end, a field of a non-object, input that is
+/// not JSON) gives the key `null` — so do JSON `null` and the string `"null"`: runs
+/// without the field share one key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct KeyExpr {
+    source: String,
+    path: Vec<Segment>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Segment {
+    Field(String),
+    Index(usize),
+}
+
+impl KeyExpr {
+    pub fn parse(source: &str) -> Result<KeyExpr, String> {
+        let bad = |why: String| {
+            Err(format!(
+                "invalid key expression {source:?}: {why} (expected a path into the input such as input.customer.id or input.items[0].sku)"
+            ))
+        };
+        if source.len() > MAX_EXPR_LEN {
+            return bad(format!("longer than {MAX_EXPR_LEN} characters"));
+        }
+        let Some(mut rest) = source.strip_prefix("input") else {
+            return bad("it must start with `input`".into());
+        };
+        let mut path = Vec::new();
+        while !rest.is_empty() {
+            if path.len() == MAX_SEGMENTS {
+                return bad(format!("more than {MAX_SEGMENTS} segments"));
+            }
+            if let Some(r) = rest.strip_prefix('.') {
+                let end = r
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+                    .unwrap_or(r.len());
+                let name = &r[..end];
+                match name.chars().next() {
+                    Some(c) if c.is_ascii_alphabetic() || c == '_' => {}
+                    Some(_) => {
+                        return bad(format!(
+                            "field name {name:?} must start with a letter or '_' (use input[\"{name}\"] or an index [n])"
+                        ));
+                    }
+                    None => return bad("a '.' must be followed by a field name".into()),
+                }
+                path.push(Segment::Field(name.to_owned()));
+                rest = &r[end..];
+            } else if let Some(r) = rest.strip_prefix('[') {
+                if r.starts_with('"') {
+                    // A JSON string literal: find its closing quote, honouring escapes.
+                    let mut escaped = false;
+                    let mut close = None;
+                    for (i, c) in r.char_indices().skip(1) {
+                        match c {
+                            _ if escaped => escaped = false,
+                            '\\' => escaped = true,
+                            '"' => {
+                                close = Some(i);
+                                break;
+                            }
+                            _ => {}
+                        }
+                    }
+                    let Some(close) = close else {
+                        return bad("unterminated string in [\"...\"]".into());
+                    };
+                    let name: String = match serde_json::from_str(&r[..=close]) {
+                        Ok(n) => n,
+                        Err(e) => return bad(format!("bad string in [\"...\"]: {e}")),
+                    };
+                    let Some(after) = r[close + 1..].strip_prefix(']') else {
+                        return bad("expected ']' after the string".into());
+                    };
+                    path.push(Segment::Field(name));
+                    rest = after;
+                } else {
+                    let end = r.find(']').unwrap_or(r.len());
+                    let digits = &r[..end];
+                    if end == r.len() {
+                        return bad("missing ']'".into());
+                    }
+                    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                        return bad(format!(
+                            "[{digits}] must hold an index (digits) or a quoted field name"
+                        ));
+                    }
+                    let Ok(i) = digits.parse() else {
+                        return bad(format!("index {digits} is too large"));
+                    };
+                    path.push(Segment::Index(i));
+                    rest = &r[end + 1..];
+                }
+            } else {
+                return bad(format!(
+                    "unexpected {:?}: segments are .name, [n] or [\"name\"]",
+                    rest.chars().next().unwrap_or(' ')
+                ));
+            }
+        }
+        Ok(KeyExpr {
+            source: source.to_owned(),
+            path,
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.source
+    }
+
+    /// The key of `input` (see the type's docs).
+    pub fn eval(&self, input: &serde_json::Value) -> String {
+        let found = self.path.iter().try_fold(input, |v, seg| match seg {
+            Segment::Field(name) => v.as_object().and_then(|o| o.get(name)),
+            Segment::Index(i) => v.as_array().and_then(|a| a.get(*i)),
+        });
+        match found {
+            None | Some(serde_json::Value::Null) => "null".to_owned(),
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(other) => other.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for KeyExpr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.source)
+    }
+}
+
+impl TryFrom<String> for KeyExpr {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        KeyExpr::parse(&s)
+    }
+}
+
+impl From<KeyExpr> for String {
+    fn from(k: KeyExpr) -> String {
+        k.source
+    }
+}
+
+impl std::str::FromStr for KeyExpr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        KeyExpr::parse(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn key(expr: &str, input: serde_json::Value) -> String {
+        KeyExpr::parse(expr).unwrap().eval(&input)
+    }
+
+    #[test]
+    fn paths_evaluate_to_keys() {
+        let input = json!({
+            "customer": {"id": 42, "name": "Ada"},
+            "items": [{"sku": "A-1"}, {"sku": "B-2"}],
+            "user name": "x",
+            "flag": true,
+            "none": null,
+            "obj": {"b": 1, "a": [1, 2]},
+        });
+        assert_eq!(key("input.customer.id", input.clone()), "42");
+        assert_eq!(key("input.customer.name", input.clone()), "Ada");
+        assert_eq!(key("input.items[0].sku", input.clone()), "A-1");
+        assert_eq!(key("input.items[1].sku", input.clone()), "B-2");
+        assert_eq!(key("input[\"user name\"]", input.clone()), "x");
+        assert_eq!(key("input[\"customer\"][\"id\"]", input.clone()), "42");
+        assert_eq!(key("input.flag", input.clone()), "true");
+        assert_eq!(
+            key("input.obj", input.clone()),
+            r#"{"a":[1,2],"b":1}"#,
+            "fields sorted"
+        );
+        assert_eq!(key("input.items[0]", input.clone()), r#"{"sku":"A-1"}"#);
+    }
+
+    #[test]
+    fn missing_paths_are_null() {
+        let input = json!({"customer": {"id": 42}, "items": [], "s": "text"});
+        for expr in [
+            "input.nope",
+            "input.customer.nope.deeper",
+            "input.items[0].sku",
+            "input.customer[0]",
+            "input.s.len",
+            "input.none",
+        ] {
+            assert_eq!(key(expr, input.clone()), "null", "{expr}");
+        }
+        let k = KeyExpr::parse("input.a").unwrap();
+        assert_eq!(k.eval(&serde_json::Value::Null), "null");
+        assert_eq!(key("input", json!("whole")), "whole");
+    }
+
+    #[test]
+    fn bad_expressions_are_rejected_with_a_reason() {
+        for (expr, why) in [
+            ("", "start with `input`"),
+            ("customer.id", "start with `input`"),
+            ("input.", "followed by a field name"),
+            ("input..a", "followed by a field name"),
+            ("input.1a", "must start with a letter"),
+            ("input[x]", "index (digits)"),
+            ("input[1", "missing ']'"),
+            ("input[]", "index (digits)"),
+            ("input[\"a]", "unterminated"),
+            ("input[\"a\"", "expected ']'"),
+            ("input.a b", "unexpected"),
+            ("inputs.a", "unexpected"),
+            ("input[99999999999999999999999]", "too large"),
+        ] {
+            let err = KeyExpr::parse(expr).unwrap_err();
+            assert!(err.contains(why), "{expr:?}: {err}");
+        }
+        let long = format!("input{}", ".a".repeat(17));
+        assert!(KeyExpr::parse(&long).unwrap_err().contains("segments"));
+        let huge = format!("input.{}", "a".repeat(300));
+        assert!(KeyExpr::parse(&huge).unwrap_err().contains("longer"));
+    }
+
+    #[test]
+    fn expressions_round_trip_through_serde() {
+        let k = KeyExpr::parse("input.items[0][\"a.b\"]").unwrap();
+        let s = serde_json::to_string(&k).unwrap();
+        assert_eq!(s, r#""input.items[0][\"a.b\"]""#);
+        assert_eq!(serde_json::from_str::<KeyExpr>(&s).unwrap(), k);
+        assert!(serde_json::from_str::<KeyExpr>(r#""nope""#).is_err());
+    }
+
+    #[test]
+    fn plans_name_gates_by_function_and_key() {
+        let flow = FlowControl {
+            concurrency: Some(ConcurrencyLimit {
+                limit: 2,
+                key: Some(KeyExpr::parse("input.c").unwrap()),
+            }),
+            throttle: Some(RateLimit {
+                limit: 5,
+                period_ms: 1000,
+                key: None,
+            }),
+            rate_limit: None,
+            debounce: Some(Debounce {
+                period_ms: 300,
+                key: Some(KeyExpr::parse("input.missing").unwrap()),
+            }),
+            priority: 3,
+            priority_aging_ms: 100,
+        };
+        let p = flow.plan("f", br#"{"c": "acme"}"#, None);
+        assert_eq!(p.concurrency.as_ref().unwrap().id, "c:f:acme");
+        assert_eq!(p.concurrency.as_ref().unwrap().limit, 2);
+        assert_eq!(
+            p.throttle,
+            Some(Gate {
+                id: "t:f".into(),
+                limit: 5,
+                period_ms: 1000
+            })
+        );
+        assert_eq!(p.debounce.as_ref().unwrap().id, "d:f:null");
+        assert_eq!(p.rate_limit, None);
+        assert_eq!((p.priority, p.rank_offset), (3, 300));
+        assert_eq!(p.keys.concurrency.as_deref(), Some("acme"));
+        assert_eq!(p.keys.throttle, None);
+        assert_eq!(p.keys.debounce.as_deref(), Some("null"));
+        let p = flow.plan("f", b"not json", Some(-2));
+        assert_eq!(p.concurrency.unwrap().id, "c:f:null");
+        assert_eq!(p.rank_offset, -200);
+        let long = format!(r#"{{"c": "{}"}}"#, "x".repeat(500));
+        let id = flow
+            .plan("f", long.as_bytes(), None)
+            .concurrency
+            .unwrap()
+            .id;
+        assert!(id.starts_with("c:f:#") && id.len() == 4 + 17, "{id}");
+    }
+
+    #[test]
+    fn old_settings_without_flow_load_with_defaults() {
+        let flow: FlowControl = serde_json::from_str("{}").unwrap();
+        assert!(flow.is_default());
+        assert_eq!(flow.priority_aging_ms, DEFAULT_PRIORITY_AGING_MS);
+        assert!(flow.validate().is_ok());
+        let bad = FlowControl {
+            throttle: Some(RateLimit {
+                limit: 0,
+                period_ms: 1000,
+                key: None,
+            }),
+            ..FlowControl::default()
+        };
+        assert!(bad.validate().unwrap_err().contains("throttle limit"));
+        assert!(
+            FlowControl {
+                priority: 5000,
+                ..FlowControl::default()
+            }
+            .validate()
+            .is_err()
+        );
+    }
+}
