@@ -5,16 +5,20 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use wasq_tests::{Daemon, guest};
+use wasq_tests::{Api, Daemon, guest};
 
 const WAIT: Duration = Duration::from_secs(60);
 
-async fn attack(d: &Daemon, name: &str) -> Value {
+/// Runs one attack as tenant `default`, then checks that another tenant's well-behaved
+/// function is still served at once.
+async fn attack(d: &Daemon, neighbour: &Api, name: &str) -> Value {
+    attack_with(d, neighbour, json!({ "attack": name })).await
+}
+
+async fn attack_with(d: &Daemon, neighbour: &Api, input: Value) -> Value {
+    let name = input["attack"].as_str().unwrap().to_owned();
     let started = Instant::now();
-    let id = d
-        .api
-        .start_run("hostile", &json!({ "attack": name }).to_string())
-        .await;
+    let id = d.api.start_run("hostile", &input.to_string()).await;
     let run = d
         .api
         .wait_until(&id, WAIT, |r| {
@@ -27,11 +31,10 @@ async fn attack(d: &Daemon, name: &str) -> Value {
         started.elapsed()
     );
     // The neighbour is served after every attack.
-    let ok = d
-        .api
+    let ok = neighbour
         .start_run("echo", &json!({ "after": name }).to_string())
         .await;
-    let ok = d.api.wait_run(&ok, WAIT).await;
+    let ok = neighbour.wait_run(&ok, WAIT).await;
     assert_eq!(ok["status"], "succeeded", "echo after {name}: {ok:#}");
     run
 }
@@ -46,7 +49,8 @@ fn error(run: &Value) -> (&str, &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_guests_are_contained() {
     let d = Daemon::start().await;
-    d.api.deploy("echo", guest("echo"), "").await;
+    let neighbour = d.admin.new_tenant("neighbour").await;
+    neighbour.deploy("echo", guest("echo"), "").await;
     d.api
         .deploy(
             "hostile",
@@ -55,7 +59,7 @@ async fn hostile_guests_are_contained() {
         )
         .await;
 
-    let run = attack(&d, "recurse").await;
+    let run = attack(&d, &neighbour, "recurse").await;
     assert_eq!(run["status"], "failed", "{run:#}");
     let (reason, message) = error(&run);
     assert_eq!(reason, "trap");
@@ -66,7 +70,7 @@ async fn hostile_guests_are_contained() {
         "{message}"
     );
 
-    let run = attack(&d, "grow").await;
+    let run = attack(&d, &neighbour, "grow").await;
     assert_eq!(
         run["status"], "succeeded",
         "a refused memory.grow is just -1: {run:#}"
@@ -77,12 +81,12 @@ async fn hostile_guests_are_contained() {
         "grew {grown} bytes past the 64 MiB limit"
     );
 
-    let run = attack(&d, "handles").await;
+    let run = attack(&d, &neighbour, "handles").await;
     assert_eq!(run["status"], "failed", "{run:#}");
     assert!(error(&run).1.contains("handle limit"), "{run:#}");
 
     // It may finish or hit its time limit first: either way the log stays bounded.
-    let run = attack(&d, "log-flood").await;
+    let run = attack(&d, &neighbour, "log-flood").await;
     assert!(
         matches!(run["status"].as_str(), Some("succeeded" | "failed")),
         "{run:#}"
@@ -109,18 +113,43 @@ async fn hostile_guests_are_contained() {
         "the truncation is said"
     );
 
-    let run = attack(&d, "big-output").await;
+    let run = attack(&d, &neighbour, "big-output").await;
     assert_eq!(run["status"], "failed");
     assert_eq!(error(&run).0, "fatal", "{run:#}");
     assert!(error(&run).1.contains("over the limit"), "{run:#}");
 
-    let run = attack(&d, "random").await;
+    // A string far past the memory limit cannot even be built; one that fits reaches
+    // the host as a log line (cut to the log budget) and as a step name (refused).
+    let run = attack(&d, &neighbour, "huge-host-call").await;
+    assert_eq!(run["status"], "failed", "{run:#}");
+    assert!(matches!(error(&run).0, "trap" | "out_of_memory"), "{run:#}");
+    let run = attack_with(
+        &d,
+        &neighbour,
+        json!({ "attack": "huge-host-call", "size": 24 << 20 }),
+    )
+    .await;
+    assert_eq!(run["status"], "failed", "{run:#}");
+    assert!(error(&run).1.contains("step name"), "{run:#}");
+    let (_, logs) = d
+        .api
+        .get(&format!("/v1/runs/{}/logs", run["id"].as_str().unwrap()))
+        .await;
+    let kept: usize = logs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["message"].as_str().unwrap().len())
+        .sum();
+    assert!(kept <= 2 << 20, "a 24 MiB log line kept as {kept} bytes");
+
+    let run = attack(&d, &neighbour, "random").await;
     assert_eq!(
         run["status"], "failed",
         "2^40 random bytes must be refused: {run:#}"
     );
 
-    let run = attack(&d, "sleep-forever").await;
+    let run = attack(&d, &neighbour, "sleep-forever").await;
     assert_eq!(
         error(&run).0,
         "timeout",

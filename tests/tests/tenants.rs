@@ -132,6 +132,30 @@ async fn tenant_b_cannot_see_or_touch_anything_of_tenant_a() {
         .await;
     let resumed = a.wait_run(&waiting, WAIT).await;
     assert_eq!(resumed["output"]["got"]["n"], 1, "{resumed:#}");
+
+    // Usage is A's alone: the fuel of A's attempts, summed by the store, in the API and
+    // in the metrics (operator only).
+    let (_, usage) = a.get("/v1/tenants/acme").await;
+    let fuel = usage["usage"]["fuel"].as_u64().unwrap();
+    assert!(
+        fuel > 0 && usage["usage"]["attempts"].as_u64().unwrap() >= 3,
+        "{usage:#}"
+    );
+    let (status, _) = a.get("/metrics").await;
+    assert_eq!(status, 403);
+    let (status, metrics) = d.admin.get("/metrics").await;
+    assert_eq!(status, 200);
+    let metrics = metrics.as_str().unwrap();
+    assert!(
+        metrics.contains(&format!(
+            "wasq_tenant_fuel_consumed_total{{tenant=\"acme\"}} {fuel}"
+        )),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("wasq_attempts_total{tenant=\"acme\",outcome=\"succeeded\"}"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -45,6 +45,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/runs/{id}/cancel", axum::routing::post(cancel_run))
         .route("/v1/runs/{id}/retry", axum::routing::post(retry_run))
         .merge(crate::admin::routes())
+        .route("/metrics", get(crate::metrics::scrape))
         .route_layer(axum::middleware::from_fn_with_state(
             app.clone(),
             crate::auth::authenticate,

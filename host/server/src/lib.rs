@@ -17,6 +17,7 @@ mod auth;
 mod config;
 mod error;
 mod flow;
+mod metrics;
 mod schedule;
 mod worker;
 
@@ -55,6 +56,7 @@ pub(crate) struct App {
     /// Attempts this process is running.
     pub in_flight: worker::InFlight,
     pub quotas: worker::QuotaCache,
+    pub metrics: metrics::Metrics,
     /// Runs that ended in this process, for requests waiting on them.
     pub finished: tokio::sync::broadcast::Sender<wasq_core::RunId>,
     pub worker_id: String,
@@ -122,6 +124,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         wake: Notify::new(),
         in_flight: worker::InFlight::default(),
         quotas: worker::QuotaCache::default(),
+        metrics: metrics::Metrics::new(),
         finished: tokio::sync::broadcast::channel(1024).0,
         _lock: lock,
     });

@@ -520,6 +520,18 @@ async fn attempt(
             }
         }
     };
+    let label = match &outcome {
+        Outcome::Succeeded { .. } => "succeeded",
+        Outcome::Failed {
+            retry_in_ms: Some(_),
+            ..
+        } => "retrying",
+        Outcome::Failed { .. } => "failed",
+        Outcome::Suspended { .. } => "sleeping",
+        Outcome::Waiting(_) => "waiting",
+        Outcome::Released => "released",
+    };
+    app.metrics.attempt(&run.tenant, label, result.duration);
     journal.close();
     let _ = flusher.await;
     match finish_while_leased(app, &lease, &outcome).await {

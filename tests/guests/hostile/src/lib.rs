@@ -24,6 +24,9 @@ use wasq_guest::{Error, info, step};
 #[serde(crate = "wasq_guest::serde")]
 struct Input {
     attack: String,
+    /// Bytes of the string `huge-host-call` passes to host calls.
+    #[serde(default)]
+    size: Option<usize>,
 }
 
 #[inline(never)]
@@ -71,6 +74,14 @@ fn hostile(input: Input) -> Result<Value, Error> {
             Ok(json!("escaped"))
         }
         "big-output" => Ok(json!("y".repeat(8 << 20))),
+        "huge-host-call" => {
+            // 1 GiB by default: past any memory limit, so building it already fails; a
+            // smaller one reaches the host as a log line and as a step name.
+            let huge = "z".repeat(input.size.unwrap_or(1 << 30));
+            info!("{huge}");
+            let n = step::run(&huge, || Ok(1))?;
+            Ok(json!(n))
+        }
         "random" => {
             let bytes = wasi::random::random::get_random_bytes(1 << 40);
             Ok(json!(bytes.len()))
