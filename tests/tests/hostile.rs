@@ -255,3 +255,96 @@ async fn guest_logs_are_escaped_and_bounded() {
     );
     d.stop().await;
 }
+
+/// A deployable component whose `run` first executes `body` (core wasm instructions that
+/// leave an i32 on the stack: 0 = contained, anything else = the attack worked), then
+/// returns `"contained"` or `"escaped"` as its output. Written in WAT because no guest
+/// language lets code grow a table at will.
+fn wat_attack(decls: &str, body: &str) -> Vec<u8> {
+    wat::parse_str(format!(
+        r#"(component (core module $m
+    (memory (export "memory") 1)
+    {decls}
+    (data (i32.const 100) "\"contained\"")
+    (data (i32.const 120) "\"escaped\"")
+    (global $heap (mut i32) (i32.const 1024))
+    (func (export "cabi_realloc") (param i32 i32 i32) (param $size i32) (result i32)
+      (local $p i32)
+      (local.set $p (i32.and (i32.add (global.get $heap) (i32.const 7)) (i32.const -8)))
+      (global.set $heap (i32.add (local.get $p) (local.get $size)))
+      (local.get $p))
+    (func (export "run") (param i32 i32) (result i32)
+      (i32.store8 (i32.const 0) (i32.const 0))
+      (if ({body})
+        (then (i32.store (i32.const 8) (i32.const 120)) (i32.store (i32.const 12) (i32.const 9)))
+        (else (i32.store (i32.const 8) (i32.const 100)) (i32.store (i32.const 12) (i32.const 11))))
+      (i32.const 0)))
+  (core instance $i (instantiate $m))
+  (type $run-error' (variant
+    (case "retryable" string)
+    (case "fatal" string)
+    (case "retry-after" (tuple u64 string))))
+  (export $run-error "run-error" (type $run-error'))
+  (func (export "run") (param "input" (list u8)) (result (result (list u8) (error $run-error)))
+    (canon lift (core func $i "run") (memory (core memory $i "memory"))
+      (realloc (core func $i "cabi_realloc")))))"#
+    ))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_tables_are_refused() {
+    let d = Daemon::start().await;
+    let neighbour = d.admin.new_tenant("neighbour").await;
+    neighbour.deploy("echo", guest("echo"), "").await;
+    let run_it = |name: &'static str| {
+        let api = d.api.clone();
+        async move {
+            let id = api.start_run(name, "{}").await;
+            api.wait_run(&id, WAIT).await
+        }
+    };
+
+    // table.grow by 100 million entries, then by one past the cap: both answer -1.
+    let grow = wat_attack(
+        "(table $t 1 funcref)",
+        "i32.ne (table.grow $t (ref.null func) (i32.const 100000000)) (i32.const -1)",
+    );
+    d.api.deploy("table-grow", grow, "max_attempts=1").await;
+    let run = run_it("table-grow").await;
+    assert_eq!(run["status"], "succeeded", "{run:#}");
+    assert_eq!(run["output"], "contained", "{run:#}");
+
+    let creep = wat_attack(
+        "(table $t 1 funcref)",
+        "block $done (result i32) (loop $more \
+           (if (i32.eq (table.grow $t (ref.null func) (i32.const 4096)) (i32.const -1)) \
+             (then (br $done (i32.const 0)))) \
+           (br_if $more (i32.lt_u (table.size $t) (i32.const 10000000)))) (i32.const 1)",
+    );
+    d.api.deploy("table-creep", creep, "max_attempts=1").await;
+    let run = run_it("table-creep").await;
+    assert_eq!(run["output"], "contained", "{run:#}");
+
+    // A table declared huge from the start cannot be instantiated: the run fails, clearly.
+    let declared = wat_attack("(table $t 100000000 funcref)", "i32.const 0");
+    let (status, body) = d
+        .api
+        .put("/v1/functions/table-huge?max_attempts=1", declared)
+        .await;
+    if status == 201 {
+        let run = run_it("table-huge").await;
+        assert_eq!(run["status"], "failed", "{run:#}");
+        let message = run["error"]["message"].as_str().unwrap();
+        assert!(message.contains("table"), "{message}");
+    } else {
+        assert_eq!(status, 400, "{body}");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains("table"),
+            "{body}"
+        );
+    }
+
+    let ok = neighbour.start_run("echo", r#"{"after": "tables"}"#).await;
+    assert_eq!(neighbour.wait_run(&ok, WAIT).await["status"], "succeeded");
+}
