@@ -71,12 +71,6 @@ fn text(h: &Hash, name: &str) -> Result<String, StoreError> {
     String::from_utf8(field(h, name)?.to_vec()).map_err(|e| corrupt(format!("{name}: {e}")))
 }
 
-fn opt_text(h: &Hash, name: &str) -> Result<Option<String>, StoreError> {
-    h.get(name)
-        .map(|b| String::from_utf8(b.clone()).map_err(|e| corrupt(format!("{name}: {e}"))))
-        .transpose()
-}
-
 fn num<T: std::str::FromStr>(h: &Hash, name: &str) -> Result<T, StoreError>
 where
     T::Err: std::fmt::Display,
@@ -84,15 +78,6 @@ where
     text(h, name)?
         .parse()
         .map_err(|e| corrupt(format!("{name}: {e}")))
-}
-
-fn opt_num<T: std::str::FromStr>(h: &Hash, name: &str) -> Result<Option<T>, StoreError>
-where
-    T::Err: std::fmt::Display,
-{
-    opt_text(h, name)?
-        .map(|s| s.parse().map_err(|e| corrupt(format!("{name}: {e}"))))
-        .transpose()
 }
 
 fn json<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, StoreError> {
@@ -103,47 +88,213 @@ fn opt_json<T: serde::de::DeserializeOwned>(h: &Hash, name: &str) -> Result<Opti
     h.get(name).map(|b| json(b, name)).transpose()
 }
 
-/// A run from its hash: the settings pinned at creation, with the per-run retry override
-/// and the attempt budget (grown by manual retries) applied.
-pub(crate) fn run(h: &Hash) -> Result<Run, StoreError> {
-    let mut settings: FunctionSettings = json(field(h, "settings")?, "settings")?;
-    if let Some(retry) = opt_json::<RetryPolicy>(h, "retry")? {
-        settings.retry = retry;
-    }
-    settings.retry.max_attempts = num(h, "max_attempts")?;
-    Ok(Run {
-        id: text(h, "id")?,
-        tenant: text(h, "tenant")?,
-        function: text(h, "function")?,
-        digest: text(h, "digest")?,
-        settings,
-        status: text(h, "status")?.parse().map_err(corrupt)?,
-        input: field(h, "input")?.to_vec(),
-        output: h.get("output").cloned(),
-        error: opt_json(h, "error")?,
-        attempt: num(h, "attempt")?,
-        trigger: text(h, "trigger")?,
-        priority: opt_num(h, "priority")?.unwrap_or(0),
-        keys: opt_json(h, "keys")?.unwrap_or_default(),
-        idempotency_key: opt_text(h, "idempotency_key")?,
-        parent: opt_text(h, "parent")?,
-        wait: opt_json(h, "wait")?,
-        progress: opt_json(h, "progress")?,
-        created_at: num(h, "created_at")?,
-        updated_at: num(h, "updated_at")?,
-        due_at: num(h, "due_at")?,
-        finished_at: opt_num(h, "finished_at")?,
-    })
+/// Declares the fields a script returns for a run (`run_fields` in the scripts: one
+/// `HMGET`, values only, in this order) and their positions.
+macro_rules! run_fields {
+    ($($idx:ident = $name:literal),* $(,)?) => {
+        /// The run hash fields a run reply carries, in order. `output` comes last, so a
+        /// script can leave it out when the caller already has it.
+        pub(crate) const RUN_FIELDS: &[&str] = &[$($name),*];
+        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+        #[derive(Clone, Copy)]
+        enum Field { $($idx),* }
+    };
 }
 
-/// The lease a claim handed out, from the claimed run's hash.
-pub(crate) fn lease(h: &Hash, run: &Run) -> Result<Lease, StoreError> {
-    Ok(Lease {
-        tenant: run.tenant.clone(),
-        run_id: run.id.clone(),
-        token: num(h, "lease_token")?,
-        expires_at: num(h, "lease_expires_at")?,
-    })
+run_fields! {
+    ID = "id",
+    TENANT = "tenant",
+    FUNCTION = "function",
+    DIGEST = "digest",
+    SETTINGS = "settings",
+    RETRY = "retry",
+    MAX_ATTEMPTS = "max_attempts",
+    STATUS = "status",
+    INPUT = "input",
+    ERROR = "error",
+    ATTEMPT = "attempt",
+    TRIGGER = "trigger",
+    PRIORITY = "priority",
+    KEYS = "keys",
+    IDEMPOTENCY_KEY = "idempotency_key",
+    PARENT = "parent",
+    WAIT = "wait",
+    PROGRESS = "progress",
+    CREATED_AT = "created_at",
+    UPDATED_AT = "updated_at",
+    DUE_AT = "due_at",
+    FINISHED_AT = "finished_at",
+    LEASE_TOKEN = "lease_token",
+    LEASE_EXPIRES_AT = "lease_expires_at",
+    OUTPUT = "output",
+}
+
+/// Parsed settings blobs by content: every run of a function carries the same blob, so
+/// each distinct blob is parsed once per store, not once per run read.
+#[derive(Default)]
+pub(crate) struct SettingsCache(
+    std::sync::Mutex<HashMap<Vec<u8>, std::sync::Arc<FunctionSettings>>>,
+);
+
+/// Distinct settings blobs cached at most (then the cache starts over).
+const PARSED_SETTINGS_MAX: usize = 1_000;
+
+impl SettingsCache {
+    fn get(&self, blob: &[u8]) -> Result<FunctionSettings, StoreError> {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = map.get(blob) {
+            return Ok(FunctionSettings::clone(s));
+        }
+        let s: FunctionSettings = json(blob, "settings")?;
+        if map.len() >= PARSED_SETTINGS_MAX {
+            map.clear();
+        }
+        map.insert(blob.to_vec(), std::sync::Arc::new(s.clone()));
+        Ok(s)
+    }
+}
+
+/// A run's fields as a script returned them (`run_fields`): values in [`RUN_FIELDS`]
+/// order, `nil` for absent fields.
+pub(crate) struct RunFields(Vec<Option<Vec<u8>>>);
+
+impl RunFields {
+    /// `None` when the run does not exist (every field absent).
+    pub(crate) fn new(v: Value) -> Result<Option<RunFields>, StoreError> {
+        let values = array(v)?
+            .into_iter()
+            .map(|v| match v {
+                Value::Nil => Ok(None),
+                v => bytes(v).map(Some),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if values.len() + 1 < RUN_FIELDS.len() || values.len() > RUN_FIELDS.len() {
+            return Err(corrupt(format!("run reply with {} fields", values.len())));
+        }
+        if values[Field::STATUS as usize].is_none() {
+            return Ok(None);
+        }
+        Ok(Some(RunFields(values)))
+    }
+
+    fn opt(&self, f: Field) -> Option<&[u8]> {
+        self.0.get(f as usize).and_then(|v| v.as_deref())
+    }
+
+    fn take(&mut self, f: Field) -> Option<Vec<u8>> {
+        self.0.get_mut(f as usize).and_then(Option::take)
+    }
+
+    fn name(f: Field) -> &'static str {
+        RUN_FIELDS[f as usize]
+    }
+
+    fn field(&self, f: Field) -> Result<&[u8], StoreError> {
+        self.opt(f)
+            .ok_or_else(|| corrupt(format!("field {} missing", Self::name(f))))
+    }
+
+    fn text(&mut self, f: Field) -> Result<String, StoreError> {
+        let b = self
+            .take(f)
+            .ok_or_else(|| corrupt(format!("field {} missing", Self::name(f))))?;
+        String::from_utf8(b).map_err(|e| corrupt(format!("{}: {e}", Self::name(f))))
+    }
+
+    fn opt_text(&mut self, f: Field) -> Result<Option<String>, StoreError> {
+        self.take(f)
+            .map(|b| String::from_utf8(b).map_err(|e| corrupt(format!("{}: {e}", Self::name(f)))))
+            .transpose()
+    }
+
+    fn num<T: std::str::FromStr>(&self, f: Field) -> Result<T, StoreError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        parse_num(self.field(f)?, Self::name(f))
+    }
+
+    fn opt_num<T: std::str::FromStr>(&self, f: Field) -> Result<Option<T>, StoreError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        self.opt(f).map(|b| parse_num(b, Self::name(f))).transpose()
+    }
+
+    fn opt_json<T: serde::de::DeserializeOwned>(&self, f: Field) -> Result<Option<T>, StoreError> {
+        self.opt(f).map(|b| json(b, Self::name(f))).transpose()
+    }
+
+    /// The run. `output` stands in for the output field when the reply left it out (the
+    /// caller sent it).
+    pub(crate) fn run(
+        mut self,
+        settings: &SettingsCache,
+        output: Option<Vec<u8>>,
+    ) -> Result<Run, StoreError> {
+        let mut s = settings.get(self.field(Field::SETTINGS)?)?;
+        if let Some(retry) = self.opt_json::<RetryPolicy>(Field::RETRY)? {
+            s.retry = retry;
+        }
+        s.retry.max_attempts = self.num(Field::MAX_ATTEMPTS)?;
+        let output = if self.0.len() < RUN_FIELDS.len() {
+            output
+        } else {
+            self.take(Field::OUTPUT)
+        };
+        Ok(Run {
+            id: self.text(Field::ID)?,
+            tenant: self.text(Field::TENANT)?,
+            function: self.text(Field::FUNCTION)?,
+            digest: self.text(Field::DIGEST)?,
+            settings: s,
+            status: std::str::from_utf8(self.field(Field::STATUS)?)
+                .map_err(corrupt)?
+                .parse()
+                .map_err(corrupt)?,
+            input: self
+                .take(Field::INPUT)
+                .ok_or_else(|| corrupt("field input missing"))?,
+            output,
+            error: self.opt_json(Field::ERROR)?,
+            attempt: self.num(Field::ATTEMPT)?,
+            trigger: self.text(Field::TRIGGER)?,
+            priority: self.opt_num(Field::PRIORITY)?.unwrap_or(0),
+            keys: self.opt_json(Field::KEYS)?.unwrap_or_default(),
+            idempotency_key: self.opt_text(Field::IDEMPOTENCY_KEY)?,
+            parent: self.opt_text(Field::PARENT)?,
+            wait: self.opt_json(Field::WAIT)?,
+            progress: self.opt_json(Field::PROGRESS)?,
+            created_at: self.num(Field::CREATED_AT)?,
+            updated_at: self.num(Field::UPDATED_AT)?,
+            due_at: self.num(Field::DUE_AT)?,
+            finished_at: self.opt_num(Field::FINISHED_AT)?,
+        })
+    }
+
+    /// The run a claim leased, and its lease.
+    pub(crate) fn claimed(self, settings: &SettingsCache) -> Result<(Run, Lease), StoreError> {
+        let token = self.num(Field::LEASE_TOKEN)?;
+        let expires_at = self.num(Field::LEASE_EXPIRES_AT)?;
+        let run = self.run(settings, None)?;
+        let lease = Lease {
+            tenant: run.tenant.clone(),
+            run_id: run.id.clone(),
+            token,
+            expires_at,
+        };
+        Ok((run, lease))
+    }
+}
+
+fn parse_num<T: std::str::FromStr>(b: &[u8], name: &str) -> Result<T, StoreError>
+where
+    T::Err: std::fmt::Display,
+{
+    std::str::from_utf8(b)
+        .map_err(|e| corrupt(format!("{name}: {e}")))?
+        .parse()
+        .map_err(|e| corrupt(format!("{name}: {e}")))
 }
 
 pub(crate) fn function(tenant: &str, h: &Hash) -> Result<Function, StoreError> {

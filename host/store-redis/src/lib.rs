@@ -76,7 +76,7 @@
 //! | `P fn:<name>` | hash | name, digest, size_bytes, settings JSON, max_attempts, events JSON, schedule JSON, created_at, updated_at |
 //! | `P fns` | set | function names |
 //! | `P sub:<event>` | set | functions started by the event |
-//! | `P run:<id>` | hash | id, tenant, function, digest, settings JSON (pinned), retry (override JSON), max_attempts (with manual-retry grants), status, input, output, error JSON, attempt, trigger, progress JSON, created_at, updated_at, due_at, finished_at, idempotency_key, parent, wait JSON, priority, keys JSON; bookkeeping: lease_token, lease_expires_at, worker, cancel_requested, resumed, wait_step, wait_event, wait_ver, wait_run, resolution (what waiters on it receive once it ended); flow: rank_offset, cgate + climit, tgate + tlimit + tperiod, dgate, parked (the gate it waits on) |
+//! | `P run:<id>` | hash | id, tenant, function, digest, settings JSON (pinned), retry (override JSON), max_attempts (with manual-retry grants), status, input, output, error JSON, attempt, trigger, progress JSON, created_at, updated_at, due_at, finished_at, idempotency_key, parent, wait JSON, priority, keys JSON; bookkeeping: lease_token, lease_expires_at, worker, cancel_requested, resumed, nosteps (set at creation, cleared by the first step: a claim skips the step keys), wait_step, wait_event, wait_ver, wait_run, resolution (what waiters on it receive once it ended); flow: rank_offset, cgate + climit, tgate + tlimit + tperiod, dgate, parked (the gate it waits on) |
 //! | `P att:<id>` | list | executions: `number\|started_at\|worker JSON`, then `\n finished_at\|fuel\|suspended_until\|error JSON` once ended |
 //! | `P steps:<id>` | hash | `occurrence:name` → step output (first write wins) |
 //! | `P stepseq:<id>` | list | `attempt\|completed_at\|occurrence:name`, in completion order |
@@ -176,6 +176,8 @@ struct Inner {
     /// Functions' settings blobs (by `fn:` key), from which enqueue computes the flow
     /// arguments; the scripts compare the blob and answer `stale` when it changed.
     settings: std::sync::Mutex<std::collections::HashMap<String, Arc<FnSettings>>>,
+    /// Runs' settings blobs, parsed (see `decode::SettingsCache`).
+    parsed: decode::SettingsCache,
 }
 
 /// A function's settings as stored, and parsed.
@@ -369,6 +371,7 @@ impl RedisStore {
                 last_sweep: std::sync::Mutex::new(None),
                 sweep_needed: AtomicBool::new(false),
                 settings: Default::default(),
+                parsed: Default::default(),
             }),
         };
         let _: String = store.query(&redis::cmd("PING")).await?;
@@ -567,8 +570,11 @@ impl RedisStore {
         Ok(())
     }
 
-    fn run_from(&self, v: Value) -> Result<Run, StoreError> {
-        decode::run(&hash(v)?)
+    /// The run of a `run_fields` reply (`output` stands in for a left-out output).
+    fn run_from(&self, v: Value, output: Option<Vec<u8>>) -> Result<Run, StoreError> {
+        decode::RunFields::new(v)?
+            .ok_or_else(|| corrupt("run reply for a missing run"))?
+            .run(&self.inner.parsed, output)
     }
 
     async fn claim_tenant(
@@ -595,9 +601,9 @@ impl RedisStore {
             .map(|item| {
                 let mut parts = array(item)?.into_iter();
                 let mut next = || parts.next().ok_or_else(|| corrupt("short claim entry"));
-                let h = hash(next()?)?;
-                let run = decode::run(&h)?;
-                let lease = decode::lease(&h, &run)?;
+                let (run, lease) = decode::RunFields::new(next()?)?
+                    .ok_or_else(|| corrupt("claimed a missing run"))?
+                    .claimed(&self.inner.parsed)?;
                 let steps = decode::steps(next()?, next()?)?;
                 Ok(Claimed { run, lease, steps })
             })
@@ -788,7 +794,10 @@ impl Store for RedisStore {
             self.published(&req.tenant, &mut rest).await?;
             let mut rest = rest.into_iter();
             let created = int(rest.next().ok_or_else(|| corrupt("short enqueue reply"))?)? == 1;
-            let run = self.run_from(rest.next().ok_or_else(|| corrupt("short enqueue reply"))?)?;
+            let run = self.run_from(
+                rest.next().ok_or_else(|| corrupt("short enqueue reply"))?,
+                None,
+            )?;
             return Ok(Enqueued { run, created });
         }
         Err(StoreError::Unavailable(format!(
@@ -924,11 +933,14 @@ impl Store for RedisStore {
 
     async fn finish(&self, lease: &Lease, outcome: Outcome) -> Result<Run, StoreError> {
         let args = Args::new().s(&lease.run_id).n(lease.token);
+        // A success's reply leaves out the output, which is this one.
+        let mut sent_output = None;
         let args = match outcome {
             Outcome::Succeeded { output, fuel_used } => {
                 let resolution = Resolution::Output {
                     output: bytes_as_json::to_value(&output),
                 };
+                sent_output = Some(output.clone());
                 args.s("succeeded")
                     .b(output)
                     .opt_n(fuel_used)
@@ -975,7 +987,7 @@ impl Store for RedisStore {
         let (status, mut rest) = self.script(&scripts::FINISH, &lease.tenant, args).await?;
         lease_status(&status, lease)?;
         self.published(&lease.tenant, &mut rest).await?;
-        self.run_from(rest.into_iter().next().unwrap_or(Value::Nil))
+        self.run_from(rest.into_iter().next().unwrap_or(Value::Nil), sent_output)
     }
 
     async fn cancel(&self, tenant: &str, id: &str) -> Result<Run, StoreError> {
@@ -1095,7 +1107,9 @@ impl Store for RedisStore {
         }
         let mut rest = rest.into_iter();
         let mut next = || rest.next().ok_or_else(|| corrupt("short run reply"));
-        let run = decode::run(&hash(next()?)?)?;
+        let run = decode::RunFields::new(next()?)?
+            .ok_or_else(|| corrupt("run reply for a missing run"))?
+            .run(&self.inner.parsed, None)?;
         let attempts = array(next()?)?
             .into_iter()
             .map(|v| decode::attempt(&decode::bytes(v)?))
@@ -1123,6 +1137,13 @@ impl Store for RedisStore {
         if let Some(s) = q.status {
             indexes.push(format!("st:{s}"));
         }
+        // With at most one filter the index alone answers the query: fetch no more runs
+        // than asked for (a poll for "any queued run?" reads one run, not a page).
+        let page = if indexes.len() <= 2 {
+            q.limit.min(LIST_PAGE)
+        } else {
+            LIST_PAGE
+        };
         let prefix = self.tenant_prefix(&q.tenant);
         let index = if indexes.len() == 1 {
             indexes.remove(0)
@@ -1143,12 +1164,12 @@ impl Store for RedisStore {
         let mut out = Vec::new();
         let mut start = 0usize;
         loop {
-            let args = Args::new().s(&index).n(start).n(start + LIST_PAGE - 1);
+            let args = Args::new().s(&index).n(start).n(start + page - 1);
             let (_, rest) = self.script(&scripts::LIST, &q.tenant, args).await?;
             let mut rest = rest.into_iter();
             let scanned = int(rest.next().ok_or_else(|| corrupt("short list reply"))?)? as usize;
             for v in array(rest.next().unwrap_or(Value::Nil))? {
-                let run = self.run_from(v)?;
+                let run = self.run_from(v, None)?;
                 let keep = q.function.as_ref().is_none_or(|f| *f == run.function)
                     && q.status.is_none_or(|s| s == run.status)
                     && q.parent
@@ -1161,10 +1182,10 @@ impl Store for RedisStore {
                     }
                 }
             }
-            if scanned < LIST_PAGE {
+            if scanned < page {
                 return Ok(out);
             }
-            start += LIST_PAGE;
+            start += page;
         }
     }
 
@@ -1239,7 +1260,7 @@ impl RedisStore {
         match status.as_str() {
             "ok" => {
                 self.published(tenant, &mut rest).await?;
-                self.run_from(rest.into_iter().next().unwrap_or(Value::Nil))
+                self.run_from(rest.into_iter().next().unwrap_or(Value::Nil), None)
             }
             "not_found" => Err(StoreError::NotFound(format!("run {id:?}"))),
             "conflict" => Err(StoreError::Conflict(string(

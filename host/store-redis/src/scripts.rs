@@ -20,6 +20,8 @@ use std::sync::LazyLock;
 use redis::Script;
 use wasq_core::{IDEMPOTENCY_WINDOW_MS, MAX_LOST_LEASE_EXTRA_ATTEMPTS};
 
+use crate::decode::RUN_FIELDS;
+
 /// Most index entries one claim reaps or times out per tenant, so a script stays short;
 /// the rest are taken by the next claim (the tenant stays due).
 pub(crate) const REAP_BATCH: usize = 200;
@@ -46,10 +48,21 @@ local function I(n) return string.format('%d', n) end
 local function runkey(id) return P .. 'run:' .. id end
 local TERMINAL = { succeeded = true, failed = true, cancelled = true, skipped = true }
 
--- The run's hash and its step/attempt keys, as a claim or a read returns them.
-local function load_run(id)
+-- A run as replies carry it: the values of RUN_FIELDS (decode.rs), in order. Without its
+-- last field, output, when the caller already has it.
+local RUN_FIELDS = { @RUN_FIELDS@ }
+local function run_fields(id, without_output)
+  local n = #RUN_FIELDS
+  if without_output then n = n - 1 end
+  return redis.call('HMGET', runkey(id), unpack(RUN_FIELDS, 1, n))
+end
+
+-- A claimed run and its steps. `nosteps`: the run's `nosteps` flag (set at creation,
+-- cleared by its first step), so a run without steps costs no reads of its step keys.
+local function load_run(id, nosteps)
+  if nosteps then return { run_fields(id), {}, {} } end
   return {
-    redis.call('HGETALL', runkey(id)),
+    run_fields(id),
     redis.call('LRANGE', P .. 'stepseq:' .. id, 0, -1),
     redis.call('HGETALL', P .. 'steps:' .. id),
   }
@@ -74,32 +87,51 @@ local function unpark_one(gate)
   if p[1] then unpark(p[1], p[2]) end
 end
 
+-- The value of field `name` in a flat name/value list, or the run's stored value.
+local function field_or_stored(fields, name, rk)
+  for i = 1, #fields, 2 do
+    if fields[i] == name then return fields[i + 1] end
+  end
+  return redis.call('HGET', rk, name)
+end
+
+-- The fields `move` reads first, in this order; a caller that read them already (the
+-- first MOVE_FIELDS elements of its HMGET) passes them as `pre`.
+local MOVE_FIELDS = { 'status', 'created_at', 'wait_event', 'wait_run', 'cgate', 'parked' }
+
 -- Moves run `id` to `status`, setting `fields` (flat name/value list) and updated_at, and
 -- keeps every index in step: status index, ready/lane/park/lease/timeout zsets, waiter
 -- sets, ended zsets, running sets of concurrency keys. Waiting runs get their waiter-set
--- and timeout entries from the caller.
-local function move(id, status, fields)
+-- and timeout entries from the caller. A run is only taken out of the indexes its old
+-- status puts it in: queued and sleeping runs are in `ready` or `q` (or parked), running
+-- runs in `leases`, waiting runs in `timeouts` and their waiter set; entries an index
+-- keeps after a run left its status are dropped by the claim that meets them.
+local function move(id, status, fields, pre)
   local rk = runkey(id)
-  local r = redis.call('HMGET', rk, 'status', 'created_at', 'wait_event', 'wait_run', 'cgate', 'parked')
+  local r = pre or redis.call('HMGET', rk, unpack(MOVE_FIELDS))
   local old, created, cgate = r[1], r[2], r[5]
   if old ~= status then
     if old then redis.call('ZREM', P .. 'st:' .. old, id) end
     redis.call('ZADD', P .. 'st:' .. status, created, id)
   end
-  redis.call('ZREM', P .. 'ready', id)
-  redis.call('ZREM', P .. 'q', id)
-  redis.call('ZREM', P .. 'leases', id)
-  redis.call('ZREM', P .. 'timeouts', id)
+  if old == 'queued' or old == 'sleeping' then
+    redis.call('ZREM', P .. 'ready', id)
+    redis.call('ZREM', P .. 'q', id)
+  elseif old == 'running' then
+    redis.call('ZREM', P .. 'leases', id)
+  elseif old == 'waiting' then
+    redis.call('ZREM', P .. 'timeouts', id)
+    if r[3] then redis.call('SREM', P .. 'waiters:' .. r[3], id) end
+    if r[4] then redis.call('SREM', P .. 'rw:' .. r[4], id) end
+  elseif old == 'succeeded' or old == 'skipped' then
+    redis.call('ZREM', P .. 'ended:ok', id)
+  elseif old == 'failed' or old == 'cancelled' then
+    redis.call('ZREM', P .. 'ended:bad', id)
+  end
   if r[6] then
     redis.call('ZREM', P .. 'park:' .. r[6], id)
     redis.call('HDEL', rk, 'parked')
   end
-  if old == 'waiting' then
-    if r[3] then redis.call('SREM', P .. 'waiters:' .. r[3], id) end
-    if r[4] then redis.call('SREM', P .. 'rw:' .. r[4], id) end
-  end
-  if old == 'succeeded' or old == 'skipped' then redis.call('ZREM', P .. 'ended:ok', id) end
-  if old == 'failed' or old == 'cancelled' then redis.call('ZREM', P .. 'ended:bad', id) end
   redis.call('HSET', rk, 'status', status, 'updated_at', I(NOW), unpack(fields))
   if status == 'queued' or status == 'sleeping' then
     local h = redis.call('HMGET', rk, 'due_at', 'rank_offset')
@@ -110,11 +142,11 @@ local function move(id, status, fields)
       redis.call('ZADD', P .. 'ready', h[1], id)
     end
   elseif status == 'running' then
-    redis.call('ZADD', P .. 'leases', redis.call('HGET', rk, 'lease_expires_at'), id)
+    redis.call('ZADD', P .. 'leases', field_or_stored(fields, 'lease_expires_at', rk), id)
   elseif status == 'succeeded' or status == 'skipped' then
-    redis.call('ZADD', P .. 'ended:ok', redis.call('HGET', rk, 'finished_at'), id)
+    redis.call('ZADD', P .. 'ended:ok', field_or_stored(fields, 'finished_at', rk), id)
   elseif status == 'failed' or status == 'cancelled' then
-    redis.call('ZADD', P .. 'ended:bad', redis.call('HGET', rk, 'finished_at'), id)
+    redis.call('ZADD', P .. 'ended:bad', field_or_stored(fields, 'finished_at', rk), id)
   end
   if cgate and old ~= status then
     if status == 'running' then
@@ -143,6 +175,7 @@ end
 local function write_step(id, field, output, attempt)
   if redis.call('HSETNX', P .. 'steps:' .. id, field, output) == 1 then
     redis.call('RPUSH', P .. 'stepseq:' .. id, attempt .. '|' .. I(NOW) .. '|' .. field)
+    redis.call('HDEL', runkey(id), 'nosteps')
   end
 end
 
@@ -163,11 +196,13 @@ end
 -- After run `id` ended: the runs waiting for it resume with its resolution. Returns how
 -- many resumed.
 local function resolve_waiters_of(id)
+  local wk = P .. 'rw:' .. id
+  local ws = redis.call('SMEMBERS', wk)
+  if #ws == 0 then return 0 end
   local res = redis.call('HGET', runkey(id), 'resolution')
   if not res then return 0 end
   local n = 0
-  local wk = P .. 'rw:' .. id
-  for _, w in ipairs(redis.call('SMEMBERS', wk)) do
+  for _, w in ipairs(ws) do
     local r = redis.call('HMGET', runkey(w), 'status', 'wait_run')
     if r[1] == 'waiting' and r[2] == id then
       resolve_wait(w, res)
@@ -264,7 +299,7 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
     'id', id, 'tenant', TENANT, 'function', fname, 'digest', f[1], 'settings', f[2],
     'max_attempts', max, 'status', status, 'input', input, 'attempt', '0',
     'trigger', trigger, 'created_at', I(NOW), 'updated_at', I(NOW), 'due_at', due,
-    'lease_token', '0', 'cancel_requested', '0', 'resumed', '0',
+    'lease_token', '0', 'cancel_requested', '0', 'resumed', '0', 'nosteps', '1',
     'priority', fl.prio, 'rank_offset', fl.offset,
   }
   local function add(k, v) if v ~= '' then fields[#fields + 1] = k; fields[#fields + 1] = v end end
@@ -383,8 +418,18 @@ fn tenant_script(body: &str) -> Script {
         .replace("@WINDOW@", &IDEMPOTENCY_WINDOW_MS.to_string())
         .replace("@MAXLOST@", &MAX_LOST_LEASE_EXTRA_ATTEMPTS.to_string())
         .replace("@WAKEMAX@", &WAKE_LIST_MAX.to_string())
-        .replace("@FLOW_ARGS@", &FLOW_ARGS.to_string());
+        .replace("@FLOW_ARGS@", &FLOW_ARGS.to_string())
+        .replace("@RUN_FIELDS@", &lua_strings(RUN_FIELDS));
     Script::new(&src)
+}
+
+/// `'a', 'b', ...`: a Lua table's elements.
+fn lua_strings(items: &[&str]) -> String {
+    items
+        .iter()
+        .map(|i| format!("'{i}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Cluster only: applies a tenant's published next due time to the global schedule.
@@ -450,7 +495,7 @@ local wake = woke
 local r = redis.call('HMGET', runkey(id), 'due_at', 'status')
 if created and r[2] == 'queued' and tonumber(r[1]) <= NOW then wake = wake + 1 end
 local pub = publish(wake, false)
-return { 'ok', pub or false, created and 1 or 0, redis.call('HGETALL', runkey(id)) }
+return { 'ok', pub or false, created and 1 or 0, run_fields(id) }
 "#,
     )
 });
@@ -534,39 +579,49 @@ local maxr = redis.call('HGET', P .. 'quotas', 'max_running')
 if maxr then room = math.min(room, tonumber(maxr) - redis.call('ZCARD', P .. 'leases')) end
 local out = {{}}
 local parks = {park_budget}
+-- The lane's best runs, fetched a batch at a time: the loop only takes runs out of the
+-- lane (leased, parked or stale), so the next batch starts at the lane's head again.
+local head, hi = {{}}, 1
 while #out < room and parks > 0 do
-  local head = redis.call('ZRANGE', P .. 'q', 0, 0, 'WITHSCORES')
-  local id, score = head[1], head[2]
+  if hi > #head then
+    head, hi = redis.call('ZRANGE', P .. 'q', 0, math.min(room - #out, 100) - 1, 'WITHSCORES'), 1
+  end
+  local id, score = head[hi], head[hi + 1]
   if not id then break end
+  hi = hi + 2
   local rk = runkey(id)
-  local r = redis.call('HMGET', rk, 'status', 'attempt', 'cgate', 'climit', 'tgate', 'tlimit', 'tperiod')
-  local throttled = r[5] and r[1] == 'queued' and r[2] == '0'
-  if r[1] ~= 'queued' and r[1] ~= 'sleeping' then
+  -- MOVE_FIELDS first (handed to move), then what the gates and the lease need.
+  local r = redis.call('HMGET', rk, 'status', 'created_at', 'wait_event', 'wait_run', 'cgate',
+    'parked', 'attempt', 'climit', 'tgate', 'tlimit', 'tperiod', 'nosteps', 'lease_token')
+  local status, cgate, attempt, climit = r[1], r[5], r[7], r[8]
+  local tgate, tlimit, tperiod = r[9], r[10], r[11]
+  local throttled = tgate and status == 'queued' and attempt == '0'
+  if status ~= 'queued' and status ~= 'sleeping' then
     redis.call('ZREM', P .. 'q', id)
-  elseif r[3] and redis.call('SCARD', P .. 'crun:' .. r[3]) >= tonumber(r[4]) then
-    park(id, r[3], score)
+  elseif cgate and redis.call('SCARD', P .. 'crun:' .. cgate) >= tonumber(climit) then
+    park(id, cgate, score)
     parks = parks - 1
-  elseif throttled and window_full(r[5], tonumber(r[6]), tonumber(r[7])) then
-    park(id, r[5], score)
-    redis.call('HSET', P .. 'tcfg', r[5], r[6] .. '|' .. r[7])
+  elseif throttled and window_full(tgate, tonumber(tlimit), tonumber(tperiod)) then
+    park(id, tgate, score)
+    redis.call('HSET', P .. 'tcfg', tgate, tlimit .. '|' .. tperiod)
     redis.call('ZADD', P .. 'gtimer', 'LT',
-      I(window_full(r[5], tonumber(r[6]), tonumber(r[7]))), r[5])
+      I(window_full(tgate, tonumber(tlimit), tonumber(tperiod))), tgate)
     parks = parks - 1
   else
-    if throttled then window_log(r[5], tonumber(r[6])) end
+    if throttled then window_log(tgate, tonumber(tlimit)) end
     -- Waking from a sleep continues the attempt; anything else starts one.
-    local attempt, resumed = tonumber(r[2]), '0'
-    if r[1] == 'sleeping' then
+    local n, resumed = tonumber(attempt), '0'
+    if status == 'sleeping' then
       resumed = '1'
-      if attempt < 1 then attempt = 1 end
+      if n < 1 then n = 1 end
     else
-      attempt = attempt + 1
+      n = n + 1
     end
-    redis.call('HINCRBY', rk, 'lease_token', 1)
-    move(id, 'running', {{ 'attempt', I(attempt), 'resumed', resumed,
-      'lease_expires_at', I(NOW + LEASE), 'worker', WORKER }})
-    redis.call('RPUSH', P .. 'att:' .. id, I(attempt) .. '|' .. I(NOW) .. '|' .. WORKER_JSON)
-    out[#out + 1] = load_run(id)
+    move(id, 'running', {{ 'attempt', I(n), 'resumed', resumed,
+      'lease_expires_at', I(NOW + LEASE), 'worker', WORKER,
+      'lease_token', I(tonumber(r[13] or '0') + 1) }}, r)
+    redis.call('RPUSH', P .. 'att:' .. id, I(n) .. '|' .. I(NOW) .. '|' .. WORKER_JSON)
+    out[#out + 1] = load_run(id, r[12] == '1')
   end
 end
 -- Wake other workers only for what this claim left behind.
@@ -639,10 +694,14 @@ pub(crate) static FINISH: LazyLock<Script> = LazyLock::new(|| {
     tenant_script(
         r#"
 local ID, KIND = ARGV[5], ARGV[7]
-local bad = check_lease(ID, ARGV[6])
-if bad then return { bad } end
 local rk = runkey(ID)
-local r = redis.call('HMGET', rk, 'resumed', 'cancel_requested', 'attempt')
+-- MOVE_FIELDS first (handed to the one move of this run below), then the lease and the
+-- attempt.
+local m = redis.call('HMGET', rk, 'status', 'created_at', 'wait_event', 'wait_run', 'cgate',
+  'parked', 'lease_token', 'resumed', 'cancel_requested', 'attempt')
+if not m[1] then return { 'not_found' } end
+if m[1] ~= 'running' or m[7] ~= ARGV[6] then return { 'lease_lost' } end
+local r = { m[8], m[9], m[10] }
 local wake = 0
 -- The tenant's usage (billing): every ended execution, with the fuel it burned.
 if KIND ~= 'released' then
@@ -655,26 +714,26 @@ if r[2] == '1' and KIND ~= 'succeeded' then
   local err, fuel = '', ''
   if KIND == 'failed' then err, fuel = ARGV[8], ARGV[10] end
   close_attempt(ID, err, fuel, '')
-  move(ID, 'cancelled', { 'finished_at', I(NOW), 'resolution', cancelled_resolution(ID) })
+  move(ID, 'cancelled', { 'finished_at', I(NOW), 'resolution', cancelled_resolution(ID) }, m)
   redis.call('HDEL', rk, 'lease_expires_at', 'worker')
 elseif KIND == 'succeeded' then
   close_attempt(ID, '', ARGV[9], '')
-  move(ID, 'succeeded', { 'output', ARGV[8], 'finished_at', I(NOW), 'resolution', ARGV[10] })
+  move(ID, 'succeeded', { 'output', ARGV[8], 'finished_at', I(NOW), 'resolution', ARGV[10] }, m)
   redis.call('HDEL', rk, 'error', 'lease_expires_at')
 elseif KIND == 'failed' then
   close_attempt(ID, ARGV[8], ARGV[10], '')
   if ARGV[9] ~= '' then
     local due = NOW + tonumber(ARGV[9])
-    move(ID, 'queued', { 'error', ARGV[8], 'due_at', I(due) })
+    move(ID, 'queued', { 'error', ARGV[8], 'due_at', I(due) }, m)
     if due <= NOW then wake = 1 end
   else
-    move(ID, 'failed', { 'error', ARGV[8], 'finished_at', I(NOW), 'resolution', ARGV[11] })
+    move(ID, 'failed', { 'error', ARGV[8], 'finished_at', I(NOW), 'resolution', ARGV[11] }, m)
   end
   redis.call('HDEL', rk, 'lease_expires_at', 'worker')
 elseif KIND == 'waiting' then
   local until_, due, on, target = ARGV[10], ARGV[11], ARGV[12], ARGV[13]
   close_attempt(ID, '', '', due)
-  move(ID, 'waiting', { 'due_at', due, 'wait', ARGV[8], 'wait_step', ARGV[9] })
+  move(ID, 'waiting', { 'due_at', due, 'wait', ARGV[8], 'wait_step', ARGV[9] }, m)
   redis.call('HDEL', rk, 'lease_expires_at', 'worker')
   if until_ ~= '' then redis.call('ZADD', P .. 'timeouts', until_, ID) end
   if on == 'event' then
@@ -696,7 +755,7 @@ elseif KIND == 'waiting' then
   end
 elseif KIND == 'suspended' then
   close_attempt(ID, '', '', ARGV[8])
-  move(ID, 'sleeping', { 'due_at', ARGV[8] })
+  move(ID, 'sleeping', { 'due_at', ARGV[8] }, m)
   redis.call('HDEL', rk, 'lease_expires_at', 'worker')
   if tonumber(ARGV[8]) <= NOW then wake = 1 end
 else
@@ -704,16 +763,17 @@ else
   -- resume (same attempt); a fresh attempt is given back uncounted.
   redis.call('RPOP', P .. 'att:' .. ID)
   if r[1] == '1' then
-    move(ID, 'sleeping', { 'due_at', I(NOW) })
+    move(ID, 'sleeping', { 'due_at', I(NOW) }, m)
   else
-    move(ID, 'queued', { 'attempt', I(tonumber(r[3]) - 1), 'due_at', I(NOW) })
+    move(ID, 'queued', { 'attempt', I(tonumber(r[3]) - 1), 'due_at', I(NOW) }, m)
   end
   redis.call('HDEL', rk, 'lease_expires_at', 'worker')
   wake = 1
 end
 wake = wake + resolve_waiters_of(ID)
 local pub = publish(wake, false)
-return { 'ok', pub or false, redis.call('HGETALL', rk) }
+-- A success stores the output the caller sent: the reply leaves it out.
+return { 'ok', pub or false, run_fields(ID, KIND == 'succeeded') }
 "#,
     )
 });
@@ -735,7 +795,7 @@ else
   wake = resolve_waiters_of(ID)
 end
 local pub = publish(wake, false)
-return { 'ok', pub or false, redis.call('HGETALL', rk) }
+return { 'ok', pub or false, run_fields(ID) }
 "#,
     )
 });
@@ -755,7 +815,7 @@ redis.call('HINCRBY', rk, 'max_attempts', tonumber(r[2]))
 move(ID, 'queued', { 'due_at', I(NOW), 'cancel_requested', '0' })
 redis.call('HDEL', rk, 'finished_at', 'resolution')
 local pub = publish(1, false)
-return { 'ok', pub or false, redis.call('HGETALL', rk) }
+return { 'ok', pub or false, run_fields(ID) }
 "#,
     )
 });
@@ -885,9 +945,8 @@ pub(crate) static GET: LazyLock<Script> = LazyLock::new(|| {
     tenant_script(
         r#"
 local id = ARGV[5]
-local h = redis.call('HGETALL', runkey(id))
-if #h == 0 then return { 'not_found' } end
-local r = load_run(id)
+if redis.call('EXISTS', runkey(id)) == 0 then return { 'not_found' } end
+local r = load_run(id, false)
 return { 'ok', r[1], redis.call('LRANGE', P .. 'att:' .. id, 0, -1), r[2], r[3] }
 "#,
     )
@@ -900,8 +959,8 @@ pub(crate) static LIST: LazyLock<Script> = LazyLock::new(|| {
 local out = {}
 local ids = redis.call('ZREVRANGE', P .. ARGV[5], ARGV[6], ARGV[7])
 for _, id in ipairs(ids) do
-  local h = redis.call('HGETALL', runkey(id))
-  if #h > 0 then out[#out + 1] = h end
+  local h = run_fields(id)
+  if h[1] then out[#out + 1] = h end
 end
 return { 'ok', #ids, out }
 "#,
