@@ -900,7 +900,13 @@ async fn suspend(store: impl Store, clock: ManualClock) {
     store.record(&c.lease, rec).await.unwrap();
     clock.advance(10);
     let r = store
-        .finish(&c.lease, Outcome::Suspended { until: T0 + 60_000 })
+        .finish(
+            &c.lease,
+            Outcome::Suspended {
+                until: T0 + 60_000,
+                fuel_used: None,
+            },
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -943,7 +949,13 @@ async fn release_resumed(store: impl Store, clock: ManualClock) {
     let run = enqueue(&store, "f", "{}").await;
     let c = claim(&store, "w", 1).await.remove(0);
     store
-        .finish(&c.lease, Outcome::Suspended { until: T0 + 100 })
+        .finish(
+            &c.lease,
+            Outcome::Suspended {
+                until: T0 + 100,
+                fuel_used: None,
+            },
+        )
         .await
         .unwrap();
     clock.advance(100);
@@ -977,7 +989,13 @@ async fn cancel(store: impl Store, clock: ManualClock) {
     let c = claim(&store, "w", 1).await.remove(0);
     assert_eq!(c.run.id, sleeper.id, "the cancelled run is never claimed");
     store
-        .finish(&c.lease, Outcome::Suspended { until: T0 + 60_000 })
+        .finish(
+            &c.lease,
+            Outcome::Suspended {
+                until: T0 + 60_000,
+                fuel_used: None,
+            },
+        )
         .await
         .unwrap();
     let r = store.cancel(DEFAULT_TENANT, &sleeper.id).await.unwrap();
@@ -1135,15 +1153,18 @@ fn step_output(steps: &[StepRecord], name: &str) -> Resolution {
 }
 
 fn waiting_for_event(filter: Option<&str>, until: Option<i64>) -> Outcome {
-    Outcome::Waiting(Wait {
-        step: "paid".into(),
-        occurrence: 0,
-        on: WaitOn::Event {
-            name: "order.paid".into(),
-            filter: filter.map(Into::into),
+    Outcome::Waiting {
+        wait: Wait {
+            step: "paid".into(),
+            occurrence: 0,
+            on: WaitOn::Event {
+                name: "order.paid".into(),
+                filter: filter.map(Into::into),
+            },
+            until,
         },
-        until,
-    })
+        fuel_used: None,
+    }
 }
 
 async fn send(
@@ -1346,13 +1367,14 @@ async fn wait_run(store: impl Store, clock: ManualClock) {
         .unwrap()
         .run;
     assert_eq!(child.parent.as_deref(), Some(parent.id.as_str()));
-    let wait = |id: &str| {
-        Outcome::Waiting(Wait {
+    let wait = |id: &str| Outcome::Waiting {
+        wait: Wait {
             step: "call".into(),
             occurrence: 0,
             on: WaitOn::Run { id: id.into() },
             until: None,
-        })
+        },
+        fuel_used: None,
     };
     let r = store.finish(&p.lease, wait(&child.id)).await.unwrap();
     assert_eq!(r.status, RunStatus::Waiting);
@@ -1392,14 +1414,17 @@ async fn wait_run(store: impl Store, clock: ManualClock) {
     let r = store
         .finish(
             &p.lease,
-            Outcome::Waiting(Wait {
-                step: "join".into(),
-                occurrence: 0,
-                on: WaitOn::Run {
-                    id: failing.id.clone(),
+            Outcome::Waiting {
+                wait: Wait {
+                    step: "join".into(),
+                    occurrence: 0,
+                    on: WaitOn::Run {
+                        id: failing.id.clone(),
+                    },
+                    until: None,
                 },
-                until: None,
-            }),
+                fuel_used: None,
+            },
         )
         .await
         .unwrap();
@@ -1624,11 +1649,11 @@ async fn keys(store: impl Store + Directory, _clock: ManualClock) {
 async fn usage(store: impl Store + Directory, clock: ManualClock) {
     assert_eq!(store.usage(DEFAULT_TENANT).await.unwrap(), Usage::default());
     deploy_fn(&store, "f", "d1", 3).await;
-    for _ in 0..3 {
+    for _ in 0..4 {
         enqueue(&store, "f", "{}").await;
     }
-    let c = claim(&store, "w", 3).await;
-    assert_eq!(c.len(), 3);
+    let c = claim(&store, "w", 4).await;
+    assert_eq!(c.len(), 4);
     let ok = Outcome::Succeeded {
         output: b"{}".to_vec(),
         fuel_used: Some(1_000),
@@ -1640,13 +1665,26 @@ async fn usage(store: impl Store + Directory, clock: ManualClock) {
         .unwrap();
     // Given back at shutdown: not an ended execution, nothing to bill.
     store.finish(&c[2].lease, Outcome::Released).await.unwrap();
+    // An execution that ends by sleeping or waiting burned fuel too.
+    let sleep = Outcome::Suspended {
+        until: T0 + 60_000,
+        fuel_used: Some(20),
+    };
+    store.finish(&c[3].lease, sleep).await.unwrap();
     clock.advance(1);
+    let c = claim(&store, "w", 1).await;
+    assert_eq!(c.len(), 1, "the released run is back");
+    let mut wait = waiting_for_event(None, None);
+    if let Outcome::Waiting { fuel_used, .. } = &mut wait {
+        *fuel_used = Some(300);
+    }
+    store.finish(&c[0].lease, wait).await.unwrap();
     let u = store.usage(DEFAULT_TENANT).await.unwrap();
     assert_eq!(
         u,
         Usage {
-            fuel: 1_007,
-            attempts: 2
+            fuel: 1_327,
+            attempts: 4
         }
     );
     assert_eq!(store.usage("someone-else").await.unwrap(), Usage::default());
@@ -1807,7 +1845,13 @@ async fn concurrency_keys(store: impl Store, clock: ManualClock) {
     assert_eq!(ids(&first), [g[0].id.clone(), g[1].id.clone()]);
     let now = clock.now_ms();
     store
-        .finish(&first[0].lease, Outcome::Suspended { until: now + 100 })
+        .finish(
+            &first[0].lease,
+            Outcome::Suspended {
+                until: now + 100,
+                fuel_used: None,
+            },
+        )
         .await
         .unwrap();
     let third = claim(&store, "w", 10).await;
@@ -2155,7 +2199,13 @@ async fn max_running(store: impl Store + Directory, clock: ManualClock) {
     assert_eq!(next.len(), 1);
     let now = clock.now_ms();
     store
-        .finish(&next[0].lease, Outcome::Suspended { until: now + 50 })
+        .finish(
+            &next[0].lease,
+            Outcome::Suspended {
+                until: now + 50,
+                fuel_used: None,
+            },
+        )
         .await
         .unwrap();
     assert_eq!(

@@ -198,13 +198,17 @@ pub enum Outcome {
         fuel_used: Option<u64>,
     },
     /// The guest sleeps until `until`: the run is `sleeping`, claimable again then, and the
-    /// attempt goes on (its number does not change).
-    Suspended { until: Millis },
+    /// attempt goes on (its number does not change). `fuel_used`: burned by this
+    /// execution, added to the tenant's usage like that of an ended attempt.
+    Suspended {
+        until: Millis,
+        fuel_used: Option<u64>,
+    },
     /// The guest waits for an event or a run: the run is `waiting` until the store
     /// resolves the wait (matching event, end of the run, or `until`), writes the
     /// [`Resolution`] as the step's output and makes the run claimable as a resume. A
     /// wait on a run that already ended resolves at once.
-    Waiting(Wait),
+    Waiting { wait: Wait, fuel_used: Option<u64> },
     /// Gives the run back untouched (shutdown): due now, the attempt not counted.
     Released,
 }

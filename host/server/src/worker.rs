@@ -484,11 +484,17 @@ async fn attempt(
         }
         AttemptOutcome::Suspended { until } => {
             tracing::info!(until, "run sleeps");
-            Outcome::Suspended { until }
+            Outcome::Suspended {
+                until,
+                fuel_used: Some(result.fuel_used),
+            }
         }
         AttemptOutcome::Waiting(wait) => {
             tracing::info!(step = %wait.step, "run waits");
-            Outcome::Waiting(wait)
+            Outcome::Waiting {
+                wait,
+                fuel_used: Some(result.fuel_used),
+            }
         }
         // Interrupted by shutdown, not by the guest: hand the run back untouched.
         AttemptOutcome::Failed(_) if hard_stop.is_cancelled() => Outcome::Released,
@@ -528,7 +534,7 @@ async fn attempt(
         } => "retrying",
         Outcome::Failed { .. } => "failed",
         Outcome::Suspended { .. } => "sleeping",
-        Outcome::Waiting(_) => "waiting",
+        Outcome::Waiting { .. } => "waiting",
         Outcome::Released => "released",
     };
     app.metrics.attempt(&run.tenant, label, result.duration);

@@ -960,7 +960,7 @@ impl Store for RedisStore {
                     .opt_n(fuel_used)
                     .b(resolution.to_bytes())
             }
-            Outcome::Waiting(wait) => {
+            Outcome::Waiting { wait, fuel_used } => {
                 let (on, target, missing) = match &wait.on {
                     WaitOn::Event { name, .. } => ("event", name.clone(), Vec::new()),
                     WaitOn::Run { id } => (
@@ -980,8 +980,11 @@ impl Store for RedisStore {
                     .s(on)
                     .s(target)
                     .b(missing)
+                    .opt_n(fuel_used)
             }
-            Outcome::Suspended { until } => args.s("suspended").n(until),
+            Outcome::Suspended { until, fuel_used } => {
+                args.s("suspended").n(until).opt_n(fuel_used)
+            }
             Outcome::Released => args.s("released"),
         };
         let (status, mut rest) = self.script(&scripts::FINISH, &lease.tenant, args).await?;

@@ -687,8 +687,8 @@ return { 'ok' }
 /// - succeeded: output, fuel or '', resolution
 /// - failed: error JSON, retry_in_ms or '', fuel or '', resolution (when final)
 /// - waiting: wait JSON, step field, until or '', due_at, 'event'|'run', event name or run
-///   id, resolution for a missing run
-/// - suspended: until
+///   id, resolution for a missing run, fuel or ''
+/// - suspended: until, fuel or ''
 /// - released
 pub(crate) static FINISH: LazyLock<Script> = LazyLock::new(|| {
     tenant_script(
@@ -706,7 +706,8 @@ local wake = 0
 -- The tenant's usage (billing): every ended execution, with the fuel it burned.
 if KIND ~= 'released' then
   local fuel = ''
-  if KIND == 'succeeded' then fuel = ARGV[9] elseif KIND == 'failed' then fuel = ARGV[10] end
+  if KIND == 'succeeded' then fuel = ARGV[9] elseif KIND == 'failed' then fuel = ARGV[10]
+  elseif KIND == 'suspended' then fuel = ARGV[9] elseif KIND == 'waiting' then fuel = ARGV[15] end
   redis.call('HINCRBY', P .. 'usage', 'attempts', 1)
   if fuel ~= '' then redis.call('HINCRBY', P .. 'usage', 'fuel', fuel) end
 end

@@ -1427,7 +1427,9 @@ impl Store for SqliteStore {
                 Outcome::Succeeded { fuel_used, .. } | Outcome::Failed { fuel_used, .. } => {
                     directory::add_usage(tx, &run.tenant, *fuel_used)?
                 }
-                Outcome::Waiting(_) | Outcome::Suspended { .. } => directory::add_usage(tx, &run.tenant, None)?,
+                Outcome::Waiting { fuel_used, .. } | Outcome::Suspended { fuel_used, .. } => {
+                    directory::add_usage(tx, &run.tenant, *fuel_used)?
+                }
                 Outcome::Released => {}
             }
             if cancel_requested && !matches!(outcome, Outcome::Succeeded { .. }) {
@@ -1472,7 +1474,7 @@ impl Store for SqliteStore {
                     )
                     .map_err(internal)?;
                 }
-                Outcome::Waiting(wait) => {
+                Outcome::Waiting { wait, .. } => {
                     let due = wait.until.unwrap_or(i64::MAX);
                     close_execution(tx, &run.id, now, None, None, Some(due))?;
                     let (event, target) = match &wait.on {
@@ -1497,7 +1499,7 @@ impl Store for SqliteStore {
                         }
                     }
                 }
-                Outcome::Suspended { until } => {
+                Outcome::Suspended { until, .. } => {
                     close_execution(tx, &run.id, now, None, None, Some(until))?;
                     tx.execute(
                         "UPDATE runs SET status = 'sleeping', due_at = ?2, updated_at = ?3,
