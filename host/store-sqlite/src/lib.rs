@@ -286,12 +286,16 @@ impl SqliteStore {
         F: FnOnce(&rusqlite::Transaction<'_>, i64) -> Result<T, StoreError> + Send + 'static,
     {
         let conn = self.conn.clone();
-        let now = self.clock.now_ms();
+        let clock = self.clock.clone();
         tokio::task::spawn_blocking(move || {
             let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(internal)?;
+            // Read the time holding the write lock, so the transitions' times are in the
+            // order they commit (a claim cannot record a start before the finish that freed
+            // its slot).
+            let now = clock.now_ms();
             let out = f(&tx, now)?;
             tx.commit().map_err(internal)?;
             Ok(out)
