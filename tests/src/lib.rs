@@ -63,6 +63,27 @@ pub fn example_path(name: &str) -> PathBuf {
     dir.join(format!("target/wasm32-wasip2/release/{name}.wasm"))
 }
 
+/// A component with the `task` world's `run` export, from WAT `fields` of its one core
+/// module: they must export `memory`, `cabi_realloc` and `run` (`(param i32 i32) (result
+/// i32)`, returning a pointer to the `result<list<u8>, run-error>`: tag at +0, list at +8).
+/// For attacks no guest language can write.
+pub fn wat_task(fields: &str) -> Vec<u8> {
+    wat::parse_str(format!(
+        r#"(component
+  (core module $m {fields})
+  (core instance $i (instantiate $m))
+  (type $run-error' (variant
+    (case "retryable" string)
+    (case "fatal" string)
+    (case "retry-after" (tuple u64 string))))
+  (export $run-error "run-error" (type $run-error'))
+  (func (export "run") (param "input" (list u8)) (result (result (list u8) (error $run-error)))
+    (canon lift (core func $i "run") (memory (core memory $i "memory"))
+      (realloc (core func $i "cabi_realloc")))))"#
+    ))
+    .unwrap()
+}
+
 /// Daemon config for tests: loopback port 0, a fresh folder, short leases and grace.
 pub fn test_config(data_dir: PathBuf) -> wasq_server::Config {
     let mut c = wasq_server::Config::dev(data_dir);

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use wasq_tests::{Api, Daemon, guest};
+use wasq_tests::{Api, Daemon, guest, wat_task};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -261,8 +261,8 @@ async fn guest_logs_are_escaped_and_bounded() {
 /// returns `"contained"` or `"escaped"` as its output. Written in WAT because no guest
 /// language lets code grow a table at will.
 fn wat_attack(decls: &str, body: &str) -> Vec<u8> {
-    wat::parse_str(format!(
-        r#"(component (core module $m
+    wat_task(&format!(
+        r#"
     (memory (export "memory") 1)
     {decls}
     (data (i32.const 100) "\"contained\"")
@@ -278,18 +278,8 @@ fn wat_attack(decls: &str, body: &str) -> Vec<u8> {
       (if ({body})
         (then (i32.store (i32.const 8) (i32.const 120)) (i32.store (i32.const 12) (i32.const 9)))
         (else (i32.store (i32.const 8) (i32.const 100)) (i32.store (i32.const 12) (i32.const 11))))
-      (i32.const 0)))
-  (core instance $i (instantiate $m))
-  (type $run-error' (variant
-    (case "retryable" string)
-    (case "fatal" string)
-    (case "retry-after" (tuple u64 string))))
-  (export $run-error "run-error" (type $run-error'))
-  (func (export "run") (param "input" (list u8)) (result (result (list u8) (error $run-error)))
-    (canon lift (core func $i "run") (memory (core memory $i "memory"))
-      (realloc (core func $i "cabi_realloc")))))"#
+      (i32.const 0))"#
     ))
-    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

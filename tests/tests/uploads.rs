@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use wasq_tests::{Api, Daemon, guest, wasq};
+use wasq_tests::{Api, Daemon, guest, wasq, wat_task};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -35,7 +35,7 @@ fn core_component(body: &str) -> Vec<u8> {
 /// per MB of wasm on the 2-core dev VM).
 fn slow_component(funcs: usize, ops: usize) -> Vec<u8> {
     let mut w = String::from(
-        r#"(component (core module $m
+        r#"
     (memory (export "memory") 1)
     (global $heap (mut i32) (i32.const 1024))
     (func (export "cabi_realloc") (param i32 i32 i32) (param $size i32) (result i32)
@@ -71,19 +71,7 @@ fn slow_component(funcs: usize, ops: usize) -> Vec<u8> {
         }
         w.push_str("(local.get 1))\n");
     }
-    w.push_str(
-        r#")
-  (core instance $i (instantiate $m))
-  (type $run-error' (variant
-    (case "retryable" string)
-    (case "fatal" string)
-    (case "retry-after" (tuple u64 string))))
-  (export $run-error "run-error" (type $run-error'))
-  (func (export "run") (param "input" (list u8)) (result (result (list u8) (error $run-error)))
-    (canon lift (core func $i "run") (memory (core memory $i "memory"))
-      (realloc (core func $i "cabi_realloc")))))"#,
-    );
-    wat::parse_str(&w).unwrap()
+    wat_task(&w)
 }
 
 async fn refused(api: &Api, name: &str, bytes: Vec<u8>) -> String {
