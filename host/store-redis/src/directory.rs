@@ -25,7 +25,6 @@ use wasq_core::clock::Millis;
 use wasq_core::*;
 
 use crate::RedisStore;
-use crate::conn::redis_err;
 
 /// KEYS[1] = tenant hash, KEYS[2] = tenants set; ARGV = name, created_at, quotas.
 static CREATE_TENANT: LazyLock<Script> = LazyLock::new(|| {
@@ -121,10 +120,7 @@ impl RedisStore {
             inv.arg(a);
         }
         let mut c = self.inner.conn.clone();
-        match tokio::time::timeout(self.inner.op_timeout, inv.invoke_async(&mut c)).await {
-            Ok(r) => r.map_err(redis_err),
-            Err(_) => Err(crate::conn::timed_out(self.inner.op_timeout)),
-        }
+        self.timed(inv.invoke_async(&mut c)).await
     }
 
     async fn hgetall(&self, key: &str) -> Result<HashMap<String, String>, StoreError> {

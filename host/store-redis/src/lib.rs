@@ -441,10 +441,7 @@ impl RedisStore {
                 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
                 let mut c = c.clone();
                 let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
-                tokio::time::timeout(self.inner.op_timeout, c.route_command(cmd, routing))
-                    .await
-                    .map_err(|_| timed_out(self.inner.op_timeout))?
-                    .map_err(redis_err)?
+                self.timed(c.route_command(cmd, routing)).await?
             }
             _ => self.query::<Value>(&cmd).await?,
         };
@@ -487,12 +484,20 @@ impl RedisStore {
         format!("{}{key}", self.inner.global)
     }
 
-    async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, StoreError> {
-        let mut c = self.inner.conn.clone();
-        match tokio::time::timeout(self.inner.op_timeout, cmd.query_async(&mut c)).await {
+    /// Awaits one Redis call, bounded by the store's operation timeout.
+    async fn timed<T>(
+        &self,
+        call: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.inner.op_timeout, call).await {
             Ok(r) => r.map_err(redis_err),
             Err(_) => Err(timed_out(self.inner.op_timeout)),
         }
+    }
+
+    async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, StoreError> {
+        let mut c = self.inner.conn.clone();
+        self.timed(cmd.query_async(&mut c)).await
     }
 
     /// Runs a tenant script; returns its status word and the rest of its reply.
@@ -517,11 +522,7 @@ impl RedisStore {
             inv.arg(a.as_slice());
         }
         let mut c = self.inner.conn.clone();
-        let reply: Value =
-            match tokio::time::timeout(self.inner.op_timeout, inv.invoke_async(&mut c)).await {
-                Ok(r) => r.map_err(redis_err)?,
-                Err(_) => return Err(timed_out(self.inner.op_timeout)),
-            };
+        let reply: Value = self.timed(inv.invoke_async(&mut c)).await?;
         let mut items = array(reply)?.into_iter();
         let status = string(items.next().ok_or_else(|| corrupt("empty script reply"))?)?;
         Ok((status, items.collect()))
@@ -546,12 +547,9 @@ impl RedisStore {
                 .arg(due)
                 .arg(wake);
             let mut c = self.inner.conn.clone();
-            match tokio::time::timeout(self.inner.op_timeout, inv.invoke_async::<Value>(&mut c))
+            self.timed(inv.invoke_async::<Value>(&mut c))
                 .await
-            {
-                Ok(r) => r.map(drop).map_err(redis_err),
-                Err(_) => Err(timed_out(self.inner.op_timeout)),
-            }
+                .map(drop)
         }
         .await;
         if let Err(e) = result {
@@ -1156,11 +1154,7 @@ impl Store for RedisStore {
                 pipe.cmd("ZCARD").arg(format!("{prefix}{i}"));
             }
             let mut c = self.inner.conn.clone();
-            let sizes: Vec<u64> =
-                match tokio::time::timeout(self.inner.op_timeout, pipe.query_async(&mut c)).await {
-                    Ok(r) => r.map_err(redis_err)?,
-                    Err(_) => return Err(timed_out(self.inner.op_timeout)),
-                };
+            let sizes: Vec<u64> = self.timed(pipe.query_async(&mut c)).await?;
             let smallest = (0..sizes.len()).min_by_key(|&i| sizes[i]).unwrap_or(0);
             indexes.swap_remove(smallest + 1)
         };
