@@ -22,6 +22,9 @@ impl Journal for NoJournal {
     async fn start_run(&self, _: &str, _: &[u8], _: &str) -> Result<String, String> {
         Err("the benchmark starts no runs".into())
     }
+    async fn load_step(&self, _: &str, _: u32) -> Result<Vec<u8>, String> {
+        Err("no stored steps here".into())
+    }
     fn log(&self, _: LogLine) {}
     fn progress(&self, _: Progress) {}
 }

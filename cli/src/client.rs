@@ -99,10 +99,14 @@ impl Client {
                 anyhow!("the server answered {status} with a body that is not JSON")
             });
         }
-        let message = json
-            .as_ref()
-            .and_then(|j| j["error"]["message"].as_str().map(str::to_owned))
-            .unwrap_or_else(|| String::from_utf8_lossy(&body).trim().to_owned());
+        // The message may quote what a tenant sent: escaped and bounded like all output.
+        let message = match json.as_ref().and_then(|j| j["error"]["message"].as_str()) {
+            Some(m) => crate::out::line(m, crate::out::LONG),
+            None => crate::out::line(
+                String::from_utf8_lossy(&body[..body.len().min(crate::out::LONG)]).trim(),
+                crate::out::LONG,
+            ),
+        };
         let hint = if status == reqwest::StatusCode::UNAUTHORIZED {
             " (pass --key or set WASQ_KEY; `wasq dev` writes its key to .wasq/dev.key)"
         } else {

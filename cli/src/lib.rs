@@ -4,10 +4,15 @@
 //! The key decision: client verbs go through the public HTTP API only, so the CLI can never
 //! do what an API user cannot, and every error is one readable line with a non-zero exit.
 //! It is not a library for other programs: use the HTTP API.
+//!
+//! What comes back over HTTP may be a tenant's or a guest's text, printed on an operator's
+//! terminal: it is escaped and bounded field by field before printing ([`out`], [`views`]).
 
 mod client;
 mod flow;
+mod out;
 mod units;
+mod views;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -20,7 +25,9 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use client::Client;
+use out::{errln, outln};
 use units::Ttl;
+use views::str_of;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -105,6 +112,16 @@ enum TenantsCommand {
         /// Runs waiting to start; above it run creation answers 429.
         #[arg(long)]
         max_queued: Option<u64>,
+        /// Bytes the tenant may keep in the store (runs, steps, logs, events,
+        /// components), e.g. 2GiB; over it new work answers 507.
+        #[arg(long, value_parser = units::parse_size)]
+        max_stored_bytes: Option<u64>,
+        /// Bytes one run may keep (input, steps, output), e.g. 64MiB.
+        #[arg(long, value_parser = units::parse_size)]
+        max_run_bytes: Option<u64>,
+        /// Bytes of log lines one run may keep, e.g. 16MiB.
+        #[arg(long, value_parser = units::parse_size)]
+        max_run_log_bytes: Option<u64>,
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
@@ -189,11 +206,6 @@ struct DevArgs {
     /// Runs executed at once (default: 4 per core).
     #[arg(long)]
     concurrency: Option<usize>,
-    /// Let guests' outbound HTTP reach loopback addresses (127.0.0.0/8, ::1) of hosts in
-    /// their allow-list, e.g. a service on this machine. Private, link-local and other
-    /// addresses stay refused.
-    #[arg(long)]
-    allow_loopback_egress: bool,
     #[command(flatten)]
     daemon: DaemonArgs,
 }
@@ -210,8 +222,25 @@ struct ServerArgs {
     /// `wasq worker` processes to execute).
     #[arg(long, default_value_t = 0)]
     concurrency: usize,
+    /// Open HTTP connections in all; more are answered 503 and closed (lowered to fit
+    /// the open-file limit).
+    #[arg(long, default_value_t = wasq_server::HttpLimits::default().max_connections,
+          value_parser = at_least_one)]
+    max_connections: usize,
+    /// Open HTTP connections from one client address (IPv6: one /64). Behind a reverse
+    /// proxy, every connection comes from the proxy: raise it to --max-connections.
+    #[arg(long, default_value_t = wasq_server::HttpLimits::default().max_connections_per_ip,
+          value_parser = at_least_one)]
+    max_connections_per_ip: usize,
     #[command(flatten)]
     daemon: DaemonArgs,
+}
+
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("expected a whole number of at least 1, got {s:?}")),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -253,6 +282,11 @@ struct DaemonArgs {
     /// (default: `secret` in the data folder, created on first start).
     #[arg(long, env = "WASQ_SECRET", hide_env_values = true)]
     secret: Option<String>,
+    /// Let guests' outbound HTTP reach loopback addresses (127.0.0.0/8, ::1) of hosts in
+    /// their allow-list, e.g. a service on this machine. Private, link-local and other
+    /// addresses stay refused.
+    #[arg(long)]
+    allow_loopback_egress: bool,
 }
 
 impl DaemonArgs {
@@ -264,6 +298,7 @@ impl DaemonArgs {
         config.auth.dev_tenant = false;
         config.result_ttl = self.result_ttl.0;
         config.failure_ttl = self.failure_ttl.0;
+        config.sandbox.allow_loopback_egress = self.allow_loopback_egress;
         config
     }
 }
@@ -446,22 +481,23 @@ pub fn main() -> ExitCode {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            errln!("error: cannot start the async runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(dispatch(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {}", one_line(&e));
+            errln!("error: {}", one_line(&e));
             ExitCode::FAILURE
         }
     }
 }
 
-/// "outer: inner: root", the way anyhow's `{:#}` prints a chain, on one line.
+/// "outer: inner: root", the way anyhow's `{:#}` prints a chain, on one line: escaped and
+/// bounded, since it may quote the server, which may quote a tenant or a guest.
 fn one_line(e: &anyhow::Error) -> String {
-    format!("{e:#}").replace('\n', " ")
+    out::line(&format!("{e:#}"), 2 * out::LONG)
 }
 
 async fn dispatch(cli: Cli) -> Result<ExitCode> {
@@ -491,14 +527,14 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             query.extend(parent.map(|p| ("parent", p)));
             query.extend(status.map(|s| ("status", s)));
             let runs = client()?.get("/v1/runs", &query).await?;
-            print_runs(&runs, output);
+            views::runs(&runs, output);
             Ok(ExitCode::SUCCESS)
         }
         Command::Runs(RunsCommand::Show { id, output }) => {
             let run = client()?
                 .get(&format!("/v1/runs/{}", client::path_segment(&id)), &[])
                 .await?;
-            print_run(&run, output);
+            views::run(&run, output);
             Ok(ExitCode::SUCCESS)
         }
         Command::Runs(RunsCommand::Cancel {
@@ -512,11 +548,12 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             );
             let run = client()?.post_json(&path, String::new()).await?;
             match output {
-                Output::Json => println!("{}", pretty(&run)),
-                Output::Table if run["status"] == "running" => {
-                    println!("cancelling {id} (its attempt is being stopped)")
-                }
-                Output::Table => println!("cancelled {id}"),
+                Output::Json => outln!("{}", out::json(&run, true)),
+                Output::Table if run["status"] == "running" => outln!(
+                    "cancelling {} (its attempt is being stopped)",
+                    out::line(&id, out::SHORT)
+                ),
+                Output::Table => outln!("cancelled {}", out::line(&id, out::SHORT)),
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -528,8 +565,8 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 )
                 .await?;
             match output {
-                Output::Json => println!("{}", pretty(&run)),
-                Output::Table => println!("queued {id} again"),
+                Output::Json => outln!("{}", out::json(&run, true)),
+                Output::Table => outln!("queued {} again", out::line(&id, out::SHORT)),
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -546,13 +583,15 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             let body = serde_json::json!({ "name": name, "data": data, "id": id });
             let sent = client()?.post_json("/v1/events", body.to_string()).await?;
             match output {
-                Output::Json => println!("{}", pretty(&sent)),
-                Output::Table if sent["accepted"] == false => {
-                    println!("event {} was already sent: ignored", str_of(&sent["id"]))
-                }
-                Output::Table => println!(
-                    "sent {name} ({}): started {} run(s), resumed {}",
-                    str_of(&sent["id"]),
+                Output::Json => outln!("{}", out::json(&sent, true)),
+                Output::Table if sent["accepted"] == false => outln!(
+                    "event {} was already sent: ignored",
+                    out::field(&sent["id"])
+                ),
+                Output::Table => outln!(
+                    "sent {} ({}): started {} run(s), resumed {}",
+                    out::line(&name, out::SHORT),
+                    out::field(&sent["id"]),
                     sent["started"].as_array().map_or(0, Vec::len),
                     sent["resumed"].as_array().map_or(0, Vec::len)
                 ),
@@ -561,33 +600,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::Cron(CronCommand::List { output }) => {
             let schedules = client()?.get("/v1/schedules", &[]).await?;
-            if let Output::Json = output {
-                println!("{}", pretty(&schedules));
-                return Ok(ExitCode::SUCCESS);
-            }
-            let mut t = table(&["FUNCTION", "CRON", "TZ", "MISSED", "STATE", "NEXT"]);
-            for s in schedules.as_array().into_iter().flatten() {
-                let next: Vec<String> = s["next"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(Value::as_i64)
-                    .map(units::format_time)
-                    .collect();
-                t.add_row(vec![
-                    str_of(&s["function"]).to_owned(),
-                    str_of(&s["cron"]).to_owned(),
-                    str_of(&s["tz"]).to_owned(),
-                    str_of(&s["missed"]).to_owned(),
-                    if s["paused"] == true {
-                        "paused".into()
-                    } else {
-                        "active".into()
-                    },
-                    next.join(", "),
-                ]);
-            }
-            println!("{t}");
+            views::schedules(&schedules, output);
             Ok(ExitCode::SUCCESS)
         }
         Command::Tenants(cmd) => tenants(admin()?, cmd).await,
@@ -600,21 +613,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             let mut query = vec![("limit", limit.to_string())];
             query.extend(tenant.map(|t| ("tenant", t)));
             let entries = admin()?.get("/v1/audit", &query).await?;
-            if let Output::Json = output {
-                println!("{}", pretty(&entries));
-                return Ok(ExitCode::SUCCESS);
-            }
-            let mut t = table(&["AT", "TENANT", "ACTOR", "ACTION", "TARGET"]);
-            for e in entries.as_array().into_iter().flatten() {
-                t.add_row(vec![
-                    e["at"].as_i64().map(units::format_time).unwrap_or_default(),
-                    str_of(&e["tenant"]).to_owned(),
-                    str_of(&e["actor"]).to_owned(),
-                    str_of(&e["action"]).to_owned(),
-                    str_of(&e["target"]).to_owned(),
-                ]);
-            }
-            println!("{t}");
+            views::audit(&entries, output);
             Ok(ExitCode::SUCCESS)
         }
         Command::Cron(CronCommand::Pause { function }) => {
@@ -628,7 +627,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         }
         Command::Functions(FunctionsCommand::List { output }) => {
             let fns = client()?.get("/v1/functions", &[]).await?;
-            print_functions(&fns, output);
+            views::functions(&fns, output);
             Ok(ExitCode::SUCCESS)
         }
         Command::Functions(FunctionsCommand::Show { name, output }) => {
@@ -638,26 +637,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                     &[],
                 )
                 .await?;
-            match output {
-                Output::Json => println!("{}", pretty(&f)),
-                Output::Table => {
-                    let hosts: Vec<&str> = f["settings"]["allow_hosts"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(Value::as_str)
-                        .collect();
-                    print_functions(&Value::Array(vec![f.clone()]), Output::Table);
-                    if hosts.is_empty() {
-                        println!("outbound HTTP: none (deploy with --allow-host to allow)");
-                    } else {
-                        println!("outbound HTTP to: {}", hosts.join(", "));
-                    }
-                    for line in flow::describe(&f["settings"]) {
-                        println!("{line}");
-                    }
-                }
-            }
+            views::function(&f, output);
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -683,7 +663,6 @@ async fn dev(args: DevArgs, admin_key: Option<String>) -> Result<ExitCode> {
     config.listen = Some(args.listen);
     config.auth.admin_key = admin_key;
     config.auth.dev_tenant = true;
-    config.sandbox.allow_loopback_egress = args.allow_loopback_egress;
     if let Some(n) = args.concurrency {
         config.concurrency = n;
     }
@@ -702,12 +681,14 @@ async fn server(args: ServerArgs, admin_key: Option<String>) -> Result<ExitCode>
     config.listen = Some(args.listen);
     config.auth.admin_key = admin_key;
     if config.auth.secret.is_none() {
-        eprintln!(
+        errln!(
             "wasq server: no --secret / WASQ_SECRET: using {}/secret; other servers on this Redis must use the same secret",
             args.daemon.data.display()
         );
     }
     config.concurrency = args.concurrency;
+    config.http.max_connections = args.max_connections;
+    config.http.max_connections_per_ip = args.max_connections_per_ip;
     config.store = wasq_server::StoreBackend::Redis(args.redis.clone());
     let place = format!("Redis at {}", args.redis);
     serve_until_signal("wasq server", config, place, args.daemon.log_format).await
@@ -739,27 +720,31 @@ async fn serve_until_signal(
         bail!("--lease must be at least 500ms (it is renewed every third of it)");
     }
     init_logging(log_format);
+    // Everything the daemon creates (database, -wal/-shm, keys, lock, compiled-component
+    // cache) is its user's alone; the data folder itself is made 0700 by wasq-server.
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     let concurrency = config.concurrency;
     let data = config.data_dir.clone();
     let shutdown = CancellationToken::new();
+    // Before starting: a daemon waiting for its Redis stops on Ctrl-C / SIGTERM too.
+    tokio::spawn(stop_on_signal(shutdown.clone()));
     let running = wasq_server::start(config, shutdown.clone())
         .await
         .with_context(|| format!("cannot start {verb} ({place})"))?;
     match running.addr {
         Some(addr) => {
-            println!("{verb}: API on http://{addr} ({place}); Ctrl-C to stop");
+            outln!("{verb}: API on http://{addr} ({place}); Ctrl-C to stop");
             if let Some(key) = &running.dev_key {
-                println!(
+                outln!(
                     "tenant \"default\", key {key} (in {}/dev.key, which client verbs read from this folder)",
                     data.display()
                 );
             }
         }
         None => {
-            println!("{verb}: running up to {concurrency} runs at once ({place}); Ctrl-C to stop")
+            outln!("{verb}: running up to {concurrency} runs at once ({place}); Ctrl-C to stop")
         }
     }
-    tokio::spawn(stop_on_signal(shutdown));
     running
         .wait()
         .await
@@ -768,48 +753,14 @@ async fn serve_until_signal(
 }
 
 async fn tenants(client: Client, cmd: TenantsCommand) -> Result<ExitCode> {
-    let print = |tenants: &Value, output: Output| {
-        if let Output::Json = output {
-            println!("{}", pretty(tenants));
-            return;
-        }
-        let mut t = table(&[
-            "TENANT",
-            "MAX RUNNING",
-            "MAX QUEUED",
-            "FUEL USED",
-            "ATTEMPTS",
-            "CREATED",
-        ]);
-        let list = match tenants {
-            Value::Array(a) => a.clone(),
-            one => vec![one.clone()],
-        };
-        for x in &list {
-            let q = &x["quotas"];
-            t.add_row(vec![
-                str_of(&x["name"]).to_owned(),
-                q["max_running"].to_string(),
-                q["max_queued"].to_string(),
-                x["usage"]["fuel"]
-                    .as_u64()
-                    .map_or("0".into(), |f| f.to_string()),
-                x["usage"]["attempts"]
-                    .as_u64()
-                    .map_or("0".into(), |f| f.to_string()),
-                x["created_at"]
-                    .as_i64()
-                    .map(units::format_time)
-                    .unwrap_or_default(),
-            ]);
-        }
-        println!("{t}");
-    };
     match cmd {
         TenantsCommand::Create {
             name,
             max_running,
             max_queued,
+            max_stored_bytes,
+            max_run_bytes,
+            max_run_log_bytes,
             output,
         } => {
             let mut body = serde_json::json!({ "name": name });
@@ -817,24 +768,36 @@ async fn tenants(client: Client, cmd: TenantsCommand) -> Result<ExitCode> {
             if let Some(n) = max_running {
                 quotas.insert("max_running".into(), n.into());
             }
-            if let Some(n) = max_queued {
-                quotas.insert("max_queued".into(), n.into());
+            for (key, n) in [
+                ("max_queued", max_queued),
+                ("max_stored_bytes", max_stored_bytes),
+                ("max_run_bytes", max_run_bytes),
+                ("max_run_log_bytes", max_run_log_bytes),
+            ] {
+                if let Some(n) = n {
+                    quotas.insert(key.into(), n.into());
+                }
             }
             if !quotas.is_empty() {
                 body["quotas"] = Value::Object(quotas);
             }
             let t = client.post_json("/v1/tenants", body.to_string()).await?;
             match output {
-                Output::Json => println!("{}", pretty(&t)),
-                Output::Table => println!(
-                    "created tenant {name}; give it a key with `wasq keys create --tenant {name}`"
-                ),
+                Output::Json => outln!("{}", out::json(&t, true)),
+                Output::Table => {
+                    let name = out::field(&t["name"]);
+                    outln!(
+                        "created tenant {name}; give it a key with `wasq keys create --tenant {name}`"
+                    )
+                }
             }
         }
-        TenantsCommand::List { output } => print(&client.get("/v1/tenants", &[]).await?, output),
+        TenantsCommand::List { output } => {
+            views::tenants(&client.get("/v1/tenants", &[]).await?, output)
+        }
         TenantsCommand::Show { name, output } => {
             let path = format!("/v1/tenants/{}", client::path_segment(&name));
-            print(&client.get(&path, &[]).await?, output)
+            views::tenants(&client.get(&path, &[]).await?, output)
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -846,39 +809,24 @@ async fn keys(client: Client, cmd: KeysCommand) -> Result<ExitCode> {
         KeysCommand::Create { tenant, label } => {
             let body = serde_json::json!({ "label": label }).to_string();
             let k = client.post_json(&base(&tenant), body).await?;
-            println!("{}", str_of(&k["key"]));
-            eprintln!(
-                "key {} for tenant {tenant}: shown once, stored only as an HMAC; keep it safe",
-                str_of(&k["id"])
+            outln!("{}", out::field(&k["key"]));
+            errln!(
+                "key {} for tenant {}: shown once, stored only as an HMAC; keep it safe",
+                out::field(&k["id"]),
+                out::line(&tenant, out::SHORT)
             );
         }
         KeysCommand::List { tenant, output } => {
-            let keys = client.get(&base(&tenant), &[]).await?;
-            if let Output::Json = output {
-                println!("{}", pretty(&keys));
-                return Ok(ExitCode::SUCCESS);
-            }
-            let mut t = table(&["ID", "LABEL", "CREATED", "REVOKED"]);
-            for k in keys.as_array().into_iter().flatten() {
-                t.add_row(vec![
-                    str_of(&k["id"]).to_owned(),
-                    str_of(&k["label"]).to_owned(),
-                    k["created_at"]
-                        .as_i64()
-                        .map(units::format_time)
-                        .unwrap_or_default(),
-                    k["revoked_at"]
-                        .as_i64()
-                        .map(units::format_time)
-                        .unwrap_or_default(),
-                ]);
-            }
-            println!("{t}");
+            views::keys(&client.get(&base(&tenant), &[]).await?, output);
         }
         KeysCommand::Revoke { tenant, id } => {
             let path = format!("{}/{}/revoke", base(&tenant), client::path_segment(&id));
             client.post_json(&path, String::new()).await?;
-            println!("revoked key {id} of tenant {tenant}");
+            outln!(
+                "revoked key {} of tenant {}",
+                out::line(&id, out::SHORT),
+                out::line(&tenant, out::SHORT)
+            );
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -894,7 +842,7 @@ async fn stop_on_signal(shutdown: CancellationToken) {
         }
     };
     signal.await;
-    eprintln!("wasq: shutting down (finishing running attempts; press Ctrl-C again to quit now)");
+    errln!("wasq: shutting down (finishing running attempts; press Ctrl-C again to quit now)");
     shutdown.cancel();
     let _ = tokio::signal::ctrl_c().await;
     std::process::exit(130);
@@ -945,11 +893,14 @@ async fn deploy(client: Client, args: DeployArgs) -> Result<ExitCode> {
     let path = format!("/v1/functions/{}", client::path_segment(&args.name));
     let f = client.put_bytes(&path, &query, bytes).await?;
     match args.output {
-        Output::Json => println!("{}", pretty(&f)),
-        Output::Table => println!(
+        Output::Json => outln!("{}", out::json(&f, true)),
+        Output::Table => outln!(
             "deployed {} (sha256:{}, {})",
-            str_of(&f["name"]),
-            str_of(&f["digest"]).get(..12).unwrap_or_default(),
+            out::field(&f["name"]),
+            out::line(
+                str_of(&f["digest"]).get(..12).unwrap_or_default(),
+                out::SHORT
+            ),
             units::format_size(f["size_bytes"].as_u64().unwrap_or(0))
         ),
     }
@@ -975,28 +926,30 @@ async fn run(client: Client, args: RunArgs) -> Result<ExitCode> {
     let id = str_of(&run["id"]).to_owned();
     if !args.wait {
         match args.output {
-            Output::Json => println!("{}", pretty(&run)),
-            Output::Table => println!("{id}"),
+            Output::Json => outln!("{}", out::json(&run, true)),
+            Output::Table => outln!("{}", out::line(&id, out::SHORT)),
         }
         return Ok(ExitCode::SUCCESS);
     }
     let run = wait_for(&client, &id).await?;
     if let Output::Json = args.output {
-        println!("{}", pretty(&run));
+        outln!("{}", out::json(&run, true));
     }
     match str_of(&run["status"]) {
         "succeeded" => {
             if let Output::Table = args.output {
-                println!("{}", pretty(&run["output"]));
+                outln!("{}", out::json(&run["output"], true));
             }
             Ok(ExitCode::SUCCESS)
         }
-        status => {
+        _ => {
             let err = &run["error"];
+            let id = out::line(&id, out::SHORT);
             bail!(
-                "run {id} {status}: {}: {} (see `wasq runs logs {id}`)",
-                str_of(&err["reason"]),
-                str_of(&err["message"])
+                "run {id} {}: {}: {} (see `wasq runs logs {id}`)",
+                out::field(&run["status"]),
+                out::field(&err["reason"]),
+                out::line(str_of(&err["message"]), out::LONG)
             )
         }
     }
@@ -1031,40 +984,17 @@ async fn wait_for(client: &Client, id: &str) -> Result<Value> {
             return Ok(run);
         }
         let percent = run["progress"]["percent"].as_u64().unwrap_or(0);
-        let line = status_line(&run);
+        let line = views::status_line(&run);
         if let Some(bar) = &bar {
             bar.set_position(percent);
             bar.set_message(line);
         } else if line != last {
-            eprintln!("[{percent:>3}%] {line}");
+            errln!("[{percent:>3}%] {line}");
             last = line;
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(250));
     }
-}
-
-/// What a run is doing, in a few words: "running (attempt 2): charging card".
-fn status_line(run: &Value) -> String {
-    let status = str_of(&run["status"]);
-    let mut line = match status {
-        "running" | "queued" if run["attempt"].as_u64().unwrap_or(0) > 1 => {
-            format!("{status} (attempt {})", run["attempt"])
-        }
-        "waiting" => match run["wait"]["on"]["event"]["name"].as_str() {
-            Some(event) => format!("waiting for event {event}"),
-            None => "waiting for a child run".to_owned(),
-        },
-        "sleeping" => format!(
-            "sleeping until {}",
-            units::format_time(run["due_at"].as_i64().unwrap_or(0))
-        ),
-        s => s.to_owned(),
-    };
-    if let Some(msg) = run["progress"]["message"].as_str() {
-        line = format!("{line}: {msg}");
-    }
-    line
 }
 
 async fn logs(client: Client, id: &str, follow: bool, output: Output) -> Result<ExitCode> {
@@ -1074,23 +1004,30 @@ async fn logs(client: Client, id: &str, follow: bool, output: Output) -> Result<
         let lines = client
             .get(
                 &format!("/v1/runs/{seg}/logs"),
-                &[("skip", seen.to_string())],
+                &[
+                    ("skip", seen.to_string()),
+                    ("limit", LOG_PAGE_LINES.to_string()),
+                ],
             )
             .await?;
         let lines = lines.as_array().cloned().unwrap_or_default();
         seen += lines.len();
         for l in &lines {
             match output {
-                Output::Json => println!("{l}"),
-                Output::Table => println!(
-                    "{} #{} {:<5} {:<6} {}",
-                    units::format_time(l["at"].as_i64().unwrap_or(0)),
-                    l["attempt"],
-                    str_of(&l["level"]),
-                    str_of(&l["source"]),
-                    str_of(&l["message"])
-                ),
+                Output::Json => outln!("{}", out::json(l, false)),
+                Output::Table => outln!("{}", views::log_line(l)),
             }
+        }
+        // The log comes in pages of at most 10,000 lines and 4 MiB: a full page (by
+        // either bound; one line is at most 1 MiB) may have more after it. A page over
+        // 4 MiB is not the server's: no more paging then.
+        let bytes: usize = lines
+            .iter()
+            .filter_map(|l| l["message"].as_str())
+            .map(str::len)
+            .sum();
+        if (lines.len() >= LOG_PAGE_LINES || bytes > 3 << 20) && bytes <= 4 << 20 {
+            continue;
         }
         if !follow {
             return Ok(ExitCode::SUCCESS);
@@ -1107,6 +1044,9 @@ async fn logs(client: Client, id: &str, follow: bool, output: Output) -> Result<
     }
 }
 
+/// Log lines asked for per page (the server's maximum).
+const LOG_PAGE_LINES: usize = 10_000;
+
 async fn cron_action(client: Client, function: &str, action: &str) -> Result<ExitCode> {
     let path = format!(
         "/v1/functions/{}/schedule/{action}",
@@ -1114,9 +1054,12 @@ async fn cron_action(client: Client, function: &str, action: &str) -> Result<Exi
     );
     let answer = client.post_json(&path, String::new()).await?;
     match action {
-        "run-now" => println!("{}", str_of(&answer["id"])),
-        "pause" => println!("paused the schedule of {function}"),
-        _ => println!("resumed the schedule of {function}"),
+        "run-now" => outln!("{}", out::field(&answer["id"])),
+        "pause" => outln!("paused the schedule of {}", out::line(function, out::SHORT)),
+        _ => outln!(
+            "resumed the schedule of {}",
+            out::line(function, out::SHORT)
+        ),
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -1129,153 +1072,4 @@ fn read_json_arg(arg: &str, flag: &str) -> Result<Value> {
         None => arg.to_owned(),
     };
     serde_json::from_str(&text).with_context(|| format!("{flag} is not valid JSON"))
-}
-
-fn str_of(v: &Value) -> &str {
-    v.as_str().unwrap_or("")
-}
-
-fn pretty(v: &Value) -> String {
-    serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string())
-}
-
-fn compact(v: &Value, max: usize) -> String {
-    let s = if v.is_null() {
-        String::new()
-    } else {
-        v.to_string()
-    };
-    if s.chars().count() > max {
-        format!("{}…", s.chars().take(max - 1).collect::<String>())
-    } else {
-        s
-    }
-}
-
-fn table(header: &[&str]) -> comfy_table::Table {
-    let mut t = comfy_table::Table::new();
-    t.load_style(comfy_table::presets::NOTHING)
-        .set_header(header.to_vec());
-    t
-}
-
-fn print_runs(runs: &Value, output: Output) {
-    if let Output::Json = output {
-        println!("{}", pretty(runs));
-        return;
-    }
-    let mut t = table(&["ID", "FUNCTION", "STATUS", "ATTEMPT", "CREATED", "RESULT"]);
-    for r in runs.as_array().into_iter().flatten() {
-        let result = if r["error"].is_null() {
-            compact(&r["output"], 48)
-        } else {
-            compact(&r["error"]["reason"], 48)
-        };
-        t.add_row(vec![
-            str_of(&r["id"]).to_owned(),
-            str_of(&r["function"]).to_owned(),
-            str_of(&r["status"]).to_owned(),
-            r["attempt"].to_string(),
-            units::format_time(r["created_at"].as_i64().unwrap_or(0)),
-            result,
-        ]);
-    }
-    println!("{t}");
-}
-
-fn print_run(run: &Value, output: Output) {
-    if let Output::Json = output {
-        println!("{}", pretty(run));
-        return;
-    }
-    let mut t = table(&["FIELD", "VALUE"]);
-    for key in ["id", "function", "status", "attempt", "trigger"] {
-        t.add_row(vec![
-            key.to_owned(),
-            compact(&run[key], 100).trim_matches('"').to_owned(),
-        ]);
-    }
-    t.add_row(vec![
-        "created".into(),
-        units::format_time(run["created_at"].as_i64().unwrap_or(0)),
-    ]);
-    if let Some(f) = run["finished_at"].as_i64() {
-        t.add_row(vec!["finished".into(), units::format_time(f)]);
-    }
-    t.add_row(vec!["input".into(), compact(&run["input"], 100)]);
-    t.add_row(vec!["output".into(), compact(&run["output"], 100)]);
-    if !run["error"].is_null() {
-        t.add_row(vec![
-            "error".into(),
-            format!(
-                "{}: {}",
-                str_of(&run["error"]["reason"]),
-                str_of(&run["error"]["message"])
-            ),
-        ]);
-    }
-    println!("{t}");
-    let steps = run["steps"].as_array().cloned().unwrap_or_default();
-    if !steps.is_empty() {
-        let mut t = table(&["STEP", "#", "ATTEMPT", "OUTPUT"]);
-        for s in steps {
-            t.add_row(vec![
-                str_of(&s["name"]).to_owned(),
-                s["occurrence"].to_string(),
-                s["attempt"].to_string(),
-                compact(&s["output"], 60),
-            ]);
-        }
-        println!("\n{t}");
-    }
-    let attempts = run["attempts"].as_array().cloned().unwrap_or_default();
-    if !attempts.is_empty() {
-        let mut t = table(&["ATTEMPT", "WORKER", "STARTED", "FUEL", "ERROR"]);
-        for a in attempts {
-            let err = if a["error"].is_null() {
-                String::new()
-            } else {
-                format!(
-                    "{}: {}",
-                    str_of(&a["error"]["reason"]),
-                    str_of(&a["error"]["message"])
-                )
-            };
-            t.add_row(vec![
-                a["number"].to_string(),
-                str_of(&a["worker"]).to_owned(),
-                units::format_time(a["started_at"].as_i64().unwrap_or(0)),
-                compact(&a["fuel_used"], 16),
-                err,
-            ]);
-        }
-        println!("\n{t}");
-    }
-}
-
-fn print_functions(fns: &Value, output: Output) {
-    if let Output::Json = output {
-        println!("{}", pretty(fns));
-        return;
-    }
-    let mut t = table(&[
-        "NAME", "DIGEST", "SIZE", "TIMEOUT", "FUEL", "MEMORY", "ATTEMPTS", "UPDATED",
-    ]);
-    for f in fns.as_array().into_iter().flatten() {
-        let s = &f["settings"];
-        t.add_row(vec![
-            str_of(&f["name"]).to_owned(),
-            str_of(&f["digest"])
-                .get(..12)
-                .unwrap_or_default()
-                .to_owned(),
-            units::format_size(f["size_bytes"].as_u64().unwrap_or(0)),
-            format!("{}ms", s["limits"]["timeout_ms"]),
-            s["limits"]["fuel"].to_string(),
-            units::format_size(s["limits"]["memory_bytes"].as_u64().unwrap_or(0)),
-            s["retry"]["max_attempts"].to_string(),
-            units::format_time(f["updated_at"].as_i64().unwrap_or(0)),
-        ]);
-    }
-    println!("{t}");
 }

@@ -5,6 +5,8 @@
 //! wasm32-wasip2` on first use (once per test binary), daemons use a fresh data folder and a
 //! free loopback port each. This crate holds no product code.
 
+pub mod storage;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -281,10 +283,38 @@ impl Api {
         body["id"].as_str().unwrap().to_owned()
     }
 
+    /// The run (`GET /v1/runs/{id}`) with, for the tests' convenience, all its log lines
+    /// under `logs` (read page by page from `/v1/runs/{id}/logs`).
     pub async fn run(&self, id: &str) -> Value {
+        let mut run = self.run_detail(id).await;
+        run["logs"] = Value::Array(self.logs(id).await);
+        run
+    }
+
+    /// The run as `GET /v1/runs/{id}` answers it.
+    pub async fn run_detail(&self, id: &str) -> Value {
         let (status, body) = self.get(&format!("/v1/runs/{id}")).await;
         assert_eq!(status, 200, "get run {id}: {body}");
         body
+    }
+
+    /// Every log line of a run, page by page.
+    pub async fn logs(&self, id: &str) -> Vec<Value> {
+        let mut lines = Vec::new();
+        loop {
+            let (status, page) = self
+                .get(&format!(
+                    "/v1/runs/{id}/logs?skip={}&limit=10000",
+                    lines.len()
+                ))
+                .await;
+            assert_eq!(status, 200, "logs of {id}: {page}");
+            let page = page.as_array().cloned().unwrap_or_default();
+            if page.is_empty() {
+                return lines;
+            }
+            lines.extend(page);
+        }
     }
 
     /// Polls until the run is succeeded, failed, cancelled or skipped.
@@ -306,9 +336,9 @@ impl Api {
     ) -> Value {
         let deadline = Instant::now() + within;
         loop {
-            let run = self.run(id).await;
+            let run = self.run_detail(id).await;
             if done(&run) {
-                return run;
+                return self.run(id).await;
             }
             assert!(
                 Instant::now() < deadline,
@@ -386,26 +416,64 @@ impl Drop for DevProcess {
 }
 
 /// A `wasq` daemon verb (`server`, `worker`, `dev`) as a child process that a test can
-/// kill -9 and start again with the same arguments.
+/// kill -9, pause and start again with the same arguments. Its stderr (the daemon's log)
+/// goes to the test's stderr, or is appended to a file ([`DaemonProcess::spawn_logged`]).
 pub struct DaemonProcess {
     pub child: Child,
     args: Vec<String>,
+    log: Option<PathBuf>,
 }
 
 impl DaemonProcess {
     pub fn spawn(args: &[&str]) -> DaemonProcess {
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        let child = Self::start(&args);
-        DaemonProcess { child, args }
+        Self::spawn_with_log(args, None)
     }
 
-    fn start(args: &[String]) -> Child {
+    /// Like [`DaemonProcess::spawn`], appending the daemon's log to `log` (read it with
+    /// [`DaemonProcess::log`]); respawns append to the same file.
+    pub fn spawn_logged(args: &[&str], log: &Path) -> DaemonProcess {
+        Self::spawn_with_log(args, Some(log.to_path_buf()))
+    }
+
+    fn spawn_with_log(args: &[&str], log: Option<PathBuf>) -> DaemonProcess {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let child = Self::start(&args, log.as_deref());
+        DaemonProcess { child, args, log }
+    }
+
+    fn start(args: &[String], log: Option<&Path>) -> Child {
+        let stderr = match log {
+            Some(path) => Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .expect("open the daemon's log file"),
+            ),
+            None => Stdio::inherit(),
+        };
+        // A logged daemon keeps its info lines (attempt outcomes, lease losses): the
+        // chaos tests read them.
+        let level = if log.is_some() { "info" } else { "warn" };
         wasq()
             .args(args)
+            .env("RUST_LOG", level)
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("spawn wasq")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The log written so far (empty without [`DaemonProcess::spawn_logged`]).
+    pub fn log(&self) -> String {
+        self.log
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .unwrap_or_default()
     }
 
     pub fn kill9(&mut self) {
@@ -413,16 +481,112 @@ impl DaemonProcess {
         self.child.wait().unwrap();
     }
 
+    /// Sends a signal by name ("STOP", "CONT", "TERM").
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} {} failed", self.pid());
+    }
+
+    /// Whether the process has exited (and how).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().expect("query the child process")
+    }
+
     /// Starts the process again (after [`Self::kill9`]).
     pub fn respawn(&mut self) {
-        self.child = Self::start(&self.args);
+        self.child = Self::start(&self.args, self.log.as_deref());
     }
 }
 
 impl Drop for DaemonProcess {
     fn drop(&mut self) {
+        // A paused process cannot die until it is let go on.
+        let _ = Command::new("kill")
+            .arg("-CONT")
+            .arg(self.child.id().to_string())
+            .stderr(Stdio::null())
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// One request a [`Counter`] received: a guest's side effect, seen from outside.
+#[derive(Debug, Clone)]
+pub struct Hit {
+    /// The query parameters, e.g. `run`, `step`, `attempt`.
+    pub query: std::collections::HashMap<String, String>,
+    /// When it arrived, Unix ms.
+    pub at: i64,
+}
+
+/// A small HTTP server on loopback that answers every request 200 and records its query
+/// string: guests call it from inside step bodies, so a test counts how often a body
+/// really ran, independently of what the store says.
+#[derive(Clone)]
+pub struct Counter {
+    pub addr: SocketAddr,
+    hits: std::sync::Arc<std::sync::Mutex<Vec<Hit>>>,
+}
+
+impl Counter {
+    pub async fn start() -> Counter {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let counter = Counter {
+            addr: listener.local_addr().unwrap(),
+            hits: Default::default(),
+        };
+        let hits = counter.hits.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let hits = hits.clone();
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    let mut chunk = [0u8; 2048];
+                    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let at = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap()
+                        .as_millis() as i64;
+                    let head = String::from_utf8_lossy(&buf);
+                    let target = head.split(' ').nth(1).unwrap_or("");
+                    let query = target
+                        .split_once('?')
+                        .map_or("", |(_, q)| q)
+                        .split('&')
+                        .filter_map(|kv| kv.split_once('='))
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                        .collect();
+                    hits.lock().unwrap().push(Hit { query, at });
+                    let _ = stream
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok",
+                        )
+                        .await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        counter
+    }
+
+    /// `http://127.0.0.1:PORT/hit`.
+    pub fn url(&self) -> String {
+        format!("http://{}/hit", self.addr)
+    }
+
+    pub fn hits(&self) -> Vec<Hit> {
+        self.hits.lock().unwrap().clone()
     }
 }
 
@@ -457,4 +621,55 @@ pub fn run_cli(cmd: &mut Command) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// A TCP proxy on loopback in front of another address (a Redis), which a test can cut:
+/// every connection through it is closed and new ones are refused until it is restored.
+/// A network partition of one process, the others unaffected.
+#[derive(Clone)]
+pub struct Proxy {
+    pub addr: SocketAddr,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    generation: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Proxy {
+    pub async fn start(to: SocketAddr) -> Proxy {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = Proxy {
+            addr: listener.local_addr().unwrap(),
+            cut: Default::default(),
+            generation: std::sync::Arc::new(tokio::sync::watch::channel(0).0),
+        };
+        let p = proxy.clone();
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if p.cut.load(Ordering::SeqCst) {
+                    continue; // dropped: closed at once
+                }
+                let mut cut = p.generation.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(to).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cut.changed() => {}
+                    }
+                });
+            }
+        });
+        proxy
+    }
+
+    /// Closes every connection through the proxy and refuses new ones.
+    pub fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.generation.send_modify(|g| *g += 1);
+    }
+
+    pub fn restore(&self) {
+        self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
 }

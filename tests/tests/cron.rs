@@ -1,10 +1,19 @@
 //! Cron triggers against the real daemon: a seconds schedule fires once per tick, the
 //! trigger shows the tick, pause/resume/run-now work, bad schedules are refused.
+//!
+//! And the attacks of issue 10 on the scheduler, each shown contained: one tenant's full
+//! queue does not stop another tenant's ticks (finding 3); schedules that never fire are
+//! refused at deploy, and stored or merely rare ones delay neither another tenant's ticks
+//! nor `GET /v1/schedules` (finding 4); a resumed schedule fires its missed ticks by its
+//! missed policy, not all at once (finding 5); a forged schedule action is refused before
+//! anything reaches the audit trail (finding 9).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use wasq_tests::{Daemon, guest, run_cli};
+use wasq_server::StoreBackend;
+use wasq_store_redis::testing::{RedisOptions, RedisServer};
+use wasq_tests::{Api, Daemon, guest, run_cli};
 
 async fn cron_runs(d: &Daemon) -> Vec<Value> {
     let (_, runs) = d.api.get("/v1/runs?function=ticker&limit=1000").await;
@@ -146,4 +155,402 @@ async fn missed_ticks_are_skipped_or_the_latest_is_caught_up() {
 fn humantime_minute(unix_s: u64) -> String {
     let t = std::time::UNIX_EPOCH + Duration::from_secs(unix_s);
     humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// A per-second schedule, as a query string.
+const EVERY_SECOND: &str = "cron=*/1%20*%20*%20*%20*%20*";
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// The ticks (Unix ms) that started runs of `function`, oldest first.
+async fn ticks(api: &Api, function: &str) -> Vec<i64> {
+    let (status, runs) = api
+        .get(&format!("/v1/runs?function={function}&limit=1000"))
+        .await;
+    assert_eq!(status, 200, "{runs}");
+    let mut out: Vec<i64> = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| {
+            let trigger = r["trigger"].as_str().unwrap();
+            let at = trigger.strip_prefix("cron:")?.rsplit_once('@')?.1;
+            let t = humantime::parse_rfc3339(at).unwrap_or_else(|e| panic!("{trigger}: {e}"));
+            Some(t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// A tenant with these quotas (JSON) and a client holding its key.
+async fn tenant(d: &Daemon, name: &str, quotas: &str) -> Api {
+    let (status, body) = d
+        .admin
+        .post(
+            "/v1/tenants",
+            &format!(r#"{{"name": "{name}", "quotas": {quotas}}}"#),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = d
+        .admin
+        .post(&format!("/v1/tenants/{name}/keys"), r#"{"label": "test"}"#)
+        .await;
+    assert_eq!(status, 201, "{body}");
+    d.api.as_key(Some(body["key"].as_str().unwrap().to_owned()))
+}
+
+async fn on_redis(redis: &RedisServer) -> Daemon {
+    let url = redis.url();
+    Daemon::start_with(|c| c.store = StoreBackend::Redis(url)).await
+}
+
+/// The default tenant's `ticker` fired every tick (whole seconds) from `from` to `to`.
+async fn fired_every_tick(d: &Daemon, from: i64, to: i64) {
+    let got: Vec<i64> = ticks(&d.api, "ticker")
+        .await
+        .into_iter()
+        .filter(|t| (from..=to).contains(t))
+        .collect();
+    let want: Vec<i64> = (from.div_euclid(1000) + 1..=to.div_euclid(1000))
+        .map(|s| s * 1000)
+        .collect();
+    assert_eq!(got, want, "the default tenant's ticks from {from} to {to}");
+}
+
+/// Finding 3: tenant `aaa` (listed before `default`) sits at its `max_queued` with a
+/// per-second schedule, so each of its ticks is refused; `default`'s schedule fires every
+/// tick all the same, and `aaa` queues nothing past its quota.
+async fn full_queue_stays_with_its_tenant(d: Daemon) {
+    let aaa = tenant(&d, "aaa", r#"{"max_queued": 2, "max_running": 0}"#).await;
+    aaa.deploy("flood", guest("echo"), EVERY_SECOND).await;
+    d.api.deploy("ticker", guest("echo"), EVERY_SECOND).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while ticks(&aaa, "flood").await.len() < 2 {
+        assert!(Instant::now() < deadline, "aaa's queue did not fill");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let full = now_ms();
+    tokio::time::sleep(Duration::from_millis(5500)).await;
+    // Passes run just after each second turns; 2 s of slack for a busy machine.
+    fired_every_tick(&d, full, now_ms() - 2000).await;
+    assert_eq!(
+        ticks(&aaa, "flood").await.len(),
+        2,
+        "aaa stays at max_queued"
+    );
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenants_full_queue_leaves_other_tenants_cron_alone() {
+    full_queue_stays_with_its_tenant(Daemon::start().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenants_full_queue_leaves_other_tenants_cron_alone_on_redis() {
+    let redis = RedisServer::start(RedisOptions::default());
+    full_queue_stays_with_its_tenant(on_redis(&redis).await).await;
+}
+
+fn query_crons(crons: &[String]) -> String {
+    format!(
+        "cron={}",
+        crons.join(";").replace(' ', "%20").replace(';', "%3B")
+    )
+}
+
+/// Finding 4, at the door: 1,440 never-firing expressions (one per minute of the day, on
+/// February 30th) are refused, as is each one alone, an over-long or control-laden
+/// expression, and a year long past; nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_that_never_fire_are_refused_at_deploy() {
+    let d = Daemon::start().await;
+    let never: Vec<String> = (0..1440)
+        .map(|m| format!("{} {} 30 2 *", m % 60, m / 60))
+        .collect();
+    let long = format!("0 0 * * {}", vec!["1"; 70].join(","));
+    let cases = [
+        (
+            query_crons(&never),
+            "1440 cron expressions; a function may have at most 16",
+        ),
+        (
+            query_crons(&never[..16]),
+            "cron expression \"0 0 30 2 *\" does not fire in the next 8 years",
+        ),
+        (
+            query_crons(&["0 0 0 1 1 * 2020".into()]),
+            "does not fire in the next 8 years",
+        ),
+        (query_crons(&[long]), "over the limit of 128"),
+        (
+            "cron=0%200%20*%20*%20*%1B%5D0%3BOWNED%07".into(),
+            "printable ASCII characters and spaces only",
+        ),
+        (
+            "cron=0%200%0A*%20*%20*".into(),
+            "printable ASCII characters and spaces only",
+        ),
+    ];
+    for (query, reason) in cases {
+        let started = Instant::now();
+        let (status, body) = d
+            .api
+            .put(&format!("/v1/functions/never?{query}"), guest("echo"))
+            .await;
+        assert_eq!(status, 400, "{query:.80}: {body}");
+        assert_eq!(body["error"]["code"], "bad_schedule", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(reason), "{message}");
+        assert!(
+            !message.contains('\u{1b}') && !message.contains('\n'),
+            "{message:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "refusing took {:?}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(d.api.get("/v1/functions").await.1, serde_json::json!([]));
+    assert_eq!(d.api.get("/v1/schedules").await.1, serde_json::json!([]));
+    // Leap days are rare but fine.
+    d.api
+        .deploy("leap", guest("echo"), "cron=0%200%2029%202%20*")
+        .await;
+    d.stop().await;
+}
+
+/// Finding 4, inside: tenant `aaa` holds what the door now refuses — 1,440 February 30th
+/// expressions stored before the limits (written into Redis under the API's feet) — and
+/// 40 functions of 16 legal but rare expressions each (every December 31st: each search
+/// steps through a year of dates). `default`'s per-second ticks fire on time and
+/// `GET /v1/schedules` answers quickly, for either tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn costly_schedules_delay_no_other_tenant_nor_the_api() {
+    let redis = RedisServer::start(RedisOptions::default());
+    let d = on_redis(&redis).await;
+    let aaa = tenant(&d, "aaa", "{}").await;
+    aaa.deploy("legacy", guest("echo"), "cron=0%200%201%201%20*")
+        .await;
+    let key = "wasq:{aaa}:fn:legacy";
+    let stored = redis.cli(&["HGET", key, "schedule"]);
+    assert!(stored.contains("0 0 1 1 *"), "{key}: {stored}");
+    let never: Vec<String> = (0..1440)
+        .map(|m| format!("{} {} 30 2 *", m % 60, m / 60))
+        .collect();
+    let schedule = serde_json::json!({ "crons": never, "tz": "UTC" }).to_string();
+    redis.cli(&["HSET", key, "schedule", &schedule]);
+    for f in 0..40 {
+        let crons: Vec<String> = (0..16)
+            .map(|i| format!("{f} {i} 0 31 2,4,6,9,11,12 *"))
+            .collect();
+        aaa.deploy(&format!("rare-{f}"), guest("echo"), &query_crons(&crons))
+            .await;
+    }
+    let (_, listed) = aaa.get("/v1/functions/legacy").await;
+    assert_eq!(listed["schedule"]["crons"].as_array().unwrap().len(), 1440);
+
+    d.api.deploy("ticker", guest("echo"), EVERY_SECOND).await;
+    let from = now_ms() + 1000;
+    for _ in 0..4 {
+        for (who, api) in [("aaa", &aaa), ("default", &d.api)] {
+            let started = Instant::now();
+            let (status, body) = api.get("/v1/schedules").await;
+            let took = started.elapsed();
+            assert_eq!(status, 200, "{body}");
+            assert!(
+                took < Duration::from_millis(1500),
+                "GET /v1/schedules as {who} took {took:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+    }
+    let (_, schedules) = aaa.get("/v1/schedules").await;
+    let schedules = schedules.as_array().unwrap();
+    // The legacy schedule runs its first 16 expressions; they have no tick to show.
+    let legacy: Vec<&Value> = schedules
+        .iter()
+        .filter(|s| s["function"] == "legacy")
+        .collect();
+    assert_eq!(legacy.len(), 16);
+    assert!(legacy.iter().all(|s| s["next"] == serde_json::json!([])));
+    assert_eq!(schedules.len(), 16 + 40 * 16);
+    fired_every_tick(&d, from, now_ms() - 2000).await;
+    d.stop().await;
+}
+
+/// Finding 5: pausing a per-second schedule for 3 s, then resuming it, fires no tick of
+/// the pause under `missed=skip`, and exactly the latest one under `missed=latest`; after
+/// the resume it ticks on as before.
+async fn resume_follows_the_missed_policy(d: Daemon) {
+    for name in ["skipper", "latest"] {
+        let missed = if name == "skipper" { "skip" } else { "latest" };
+        d.api
+            .deploy(
+                name,
+                guest("echo"),
+                &format!("{EVERY_SECOND}&missed={missed}"),
+            )
+            .await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ticks(&d.api, "skipper").await.is_empty() || ticks(&d.api, "latest").await.is_empty() {
+        assert!(Instant::now() < deadline, "the schedules did not fire");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for name in ["skipper", "latest"] {
+        let (status, body) = d
+            .api
+            .post(&format!("/v1/functions/{name}/schedule/pause"), "")
+            .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["schedule"]["paused"], true);
+    }
+    let paused = now_ms();
+    tokio::time::sleep(Duration::from_millis(3200)).await;
+    let mut resumed = std::collections::HashMap::new();
+    for name in ["skipper", "latest"] {
+        let (status, body) = d
+            .api
+            .post(&format!("/v1/functions/{name}/schedule/resume"), "")
+            .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["schedule"]["paused"], false);
+        resumed.insert(name, body["schedule"]["resumed_at"].as_i64().unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+
+    for name in ["skipper", "latest"] {
+        let all = ticks(&d.api, name).await;
+        let r = resumed[name];
+        let during: Vec<i64> = all
+            .iter()
+            .copied()
+            .filter(|t| (paused + 1..=r).contains(t))
+            .collect();
+        let latest_missed = r.div_euclid(1000) * 1000;
+        let want = if name == "skipper" {
+            vec![]
+        } else {
+            vec![latest_missed]
+        };
+        assert_eq!(
+            during, want,
+            "{name}: ticks of the pause ({paused}..={r}): {all:?}"
+        );
+        let after = all.iter().filter(|t| **t > r).count();
+        assert!(after >= 2, "{name} ticks on after the resume: {all:?}");
+    }
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_fires_missed_ticks_by_the_missed_policy() {
+    resume_follows_the_missed_policy(Daemon::start().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_fires_missed_ticks_by_the_missed_policy_on_redis() {
+    let redis = RedisServer::start(RedisOptions::default());
+    resume_follows_the_missed_policy(on_redis(&redis).await).await;
+}
+
+/// Finding 9 (schedule actions): an action name carrying a terminal escape and a forged
+/// line is answered 404 before anything is written; a valid action on a function without
+/// a schedule (409) leaves no entry either; a valid one is audited once it succeeded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_valid_schedule_actions_that_succeed_are_audited() {
+    let d = Daemon::start().await;
+    d.api
+        .deploy("nightly", guest("echo"), "cron=0%203%20*%20*%20*")
+        .await;
+    d.api.deploy("plain", guest("echo"), "").await;
+    let audit = |d: &Daemon| {
+        let admin = d.admin.clone();
+        async move {
+            let (status, body) = admin.get("/v1/audit?tenant=default").await;
+            assert_eq!(status, 200, "{body}");
+            body.as_array()
+                .unwrap()
+                .iter()
+                .map(|e| {
+                    format!(
+                        "{} {}",
+                        e["action"].as_str().unwrap(),
+                        e["target"].as_str().unwrap()
+                    )
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    let before = audit(&d).await;
+
+    for action in [
+        "%1B%5D0%3BOWNED%07%0A2026-01-01%20admin%20tenant.delete",
+        "delete",
+        "PAUSE",
+    ] {
+        let (status, body) = d
+            .api
+            .post(&format!("/v1/functions/nightly/schedule/{action}"), "")
+            .await;
+        assert_eq!(status, 404, "{action}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert_eq!(
+            message,
+            "no such schedule action: use pause, resume or run-now"
+        );
+    }
+    // Unknown action on an unknown function: still the action's 404.
+    let (status, _) = d.api.post("/v1/functions/nope/schedule/%1B", "").await;
+    assert_eq!(status, 404);
+    let (status, body) = d.api.post("/v1/functions/plain/schedule/pause", "").await;
+    assert_eq!(status, 409, "{body}");
+    let (status, _) = d.api.post("/v1/functions/nope/schedule/pause", "").await;
+    assert_eq!(status, 404);
+    assert_eq!(audit(&d).await, before, "nothing was audited");
+
+    let (status, body) = d.api.post("/v1/functions/nightly/schedule/pause", "").await;
+    assert_eq!(status, 200, "{body}");
+    let after = audit(&d).await;
+    assert_eq!(after.len(), before.len() + 1);
+    assert_eq!(after[0], "schedule.pause nightly");
+    d.stop().await;
+}
+
+/// A redeploy of a paused schedule resumes it, and is a resume like any other: the ticks
+/// of the pause follow the missed policy (`skip` here), they do not all fire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redeploy_resumes_a_paused_schedule_by_the_missed_policy() {
+    let d = Daemon::start().await;
+    d.api.deploy("ticker", guest("echo"), EVERY_SECOND).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ticks(&d.api, "ticker").await.is_empty() {
+        assert!(Instant::now() < deadline, "the schedule did not fire");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, body) = d.api.post("/v1/functions/ticker/schedule/pause", "").await;
+    assert_eq!(status, 200, "{body}");
+    let paused = now_ms();
+    tokio::time::sleep(Duration::from_millis(3200)).await;
+    let f = d.api.deploy("ticker", guest("echo"), EVERY_SECOND).await;
+    assert_eq!(f["schedule"]["paused"], false, "{f}");
+    let resumed = f["schedule"]["resumed_at"].as_i64().unwrap();
+    assert!(resumed > paused, "{f}");
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    let all = ticks(&d.api, "ticker").await;
+    assert!(
+        !all.iter().any(|t| (paused + 1..=resumed).contains(t)),
+        "ticks of the pause fired: {all:?}"
+    );
+    assert!(all.iter().filter(|t| **t > resumed).count() >= 2, "{all:?}");
+    d.stop().await;
 }

@@ -158,14 +158,8 @@ async fn fetch(
 }
 
 async fn log_lines(d: &Daemon, run: &Value) -> Vec<String> {
-    let (status, logs) = d
-        .api
-        .get(&format!("/v1/runs/{}/logs", run["id"].as_str().unwrap()))
-        .await;
-    assert_eq!(status, 200);
-    logs.as_array()
-        .unwrap()
-        .iter()
+    let logs = d.api.logs(run["id"].as_str().unwrap()).await;
+    logs.iter()
         .map(|l| {
             format!(
                 "{} {}",

@@ -91,13 +91,8 @@ async fn hostile_guests_are_contained() {
         matches!(run["status"].as_str(), Some("succeeded" | "failed")),
         "{run:#}"
     );
-    let (_, logs) = d
-        .api
-        .get(&format!("/v1/runs/{}/logs", run["id"].as_str().unwrap()))
-        .await;
+    let logs = d.api.logs(run["id"].as_str().unwrap()).await;
     let bytes: usize = logs
-        .as_array()
-        .unwrap()
         .iter()
         .map(|l| l["message"].as_str().unwrap().len())
         .sum();
@@ -106,9 +101,7 @@ async fn hostile_guests_are_contained() {
         "64 MiB of output kept as {bytes} bytes of log"
     );
     assert!(
-        logs.as_array()
-            .unwrap()
-            .iter()
+        logs.iter()
             .any(|l| l["message"].as_str().unwrap().contains("truncated")),
         "the truncation is said"
     );
@@ -131,13 +124,8 @@ async fn hostile_guests_are_contained() {
     .await;
     assert_eq!(run["status"], "failed", "{run:#}");
     assert!(error(&run).1.contains("step name"), "{run:#}");
-    let (_, logs) = d
-        .api
-        .get(&format!("/v1/runs/{}/logs", run["id"].as_str().unwrap()))
-        .await;
+    let logs = d.api.logs(run["id"].as_str().unwrap()).await;
     let kept: usize = logs
-        .as_array()
-        .unwrap()
         .iter()
         .map(|l| l["message"].as_str().unwrap().len())
         .sum();
@@ -187,11 +175,7 @@ async fn guest_logs_are_escaped_and_bounded() {
         .await;
     let logs = |id: String| {
         let api = d.api.clone();
-        async move {
-            let (status, logs) = api.get(&format!("/v1/runs/{id}/logs")).await;
-            assert_eq!(status, 200, "{logs}");
-            logs.as_array().unwrap().clone()
-        }
+        async move { api.logs(&id).await }
     };
 
     let id = d

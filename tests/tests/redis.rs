@@ -1,9 +1,8 @@
-//! The daemon on Redis: many processes on one Redis surviving kill -9 of a worker
-//! (issue 4, done-means 2), and Redis itself killed -9 and kept down for 10 s while runs are
-//! created and executed (done-means 3 and 5). Each test starts its own `redis-server` on a
-//! free loopback port.
+//! The daemon on Redis: Redis itself killed -9 and kept down for 10 s while runs are
+//! created and executed (issue 4, done-means 3 and 5), cron on two servers, `wasq dev
+//! --redis`. Killed and paused workers are in `chaos.rs`. Each test starts its own
+//! `redis-server` on a free loopback port.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -11,146 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use wasq_server::StoreBackend;
 use wasq_store_redis::testing::{RedisOptions, RedisServer};
-use wasq_tests::{Api, Daemon, DaemonProcess, free_port, guest, wait_healthy};
-
-/// How many runs of `function` have `status` (counted up to 1000: enough to tell zero).
-async fn count(api: &Api, function: &str, status: &str) -> usize {
-    let (code, body) = api
-        .get(&format!(
-            "/v1/runs?function={function}&status={status}&limit=1000"
-        ))
-        .await;
-    assert_eq!(code, 200, "{body}");
-    body.as_array().unwrap().len()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_server_and_two_workers_share_redis_and_survive_kill_9() {
-    const RUNS: usize = 2000;
-    let redis = RedisServer::start(RedisOptions::default());
-    let url = redis.url();
-    let dir = tempfile::tempdir().unwrap();
-    let data = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
-    let addr = format!("127.0.0.1:{}", free_port());
-    let (server_data, w1_data, w2_data) = (data("server"), data("w1"), data("w2"));
-    let _server = DaemonProcess::spawn(&[
-        "server",
-        "--redis",
-        &url,
-        "--listen",
-        &addr,
-        "--data",
-        &server_data,
-    ]);
-    let worker_args = |data: &str| {
-        [
-            "worker",
-            "--redis",
-            &url,
-            "--concurrency",
-            "16",
-            "--lease",
-            "2s",
-            "--data",
-            data,
-        ]
-        .map(str::to_owned)
-    };
-    let w1_args = worker_args(&w1_data);
-    let w2_args = worker_args(&w2_data);
-    let mut w1 = DaemonProcess::spawn(&w1_args.each_ref().map(String::as_str));
-    let _w2 = DaemonProcess::spawn(&w2_args.each_ref().map(String::as_str));
-    let operator = Api::new(addr.parse().unwrap());
-    wait_healthy(&operator, Duration::from_secs(30)).await;
-    let admin_key = std::fs::read_to_string(dir.path().join("server/admin.key")).unwrap();
-    let api = operator
-        .as_key(Some(admin_key.trim().to_owned()))
-        .new_tenant("acme")
-        .await;
-    // Lease losses count as attempts (3 kills may hit one run more than once).
-    api.deploy("three", guest("three_steps"), "max_attempts=6")
-        .await;
-
-    // Kill worker 1 three times while the runs are being created and executed.
-    let killer = tokio::spawn(async move {
-        for _ in 0..3 {
-            tokio::time::sleep(Duration::from_millis(1000)).await;
-            w1.kill9();
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            w1.respawn();
-        }
-        w1
-    });
-
-    let started = Instant::now();
-    let mut ids = Vec::with_capacity(RUNS);
-    for chunk in 0..RUNS / 50 {
-        let mut set = tokio::task::JoinSet::new();
-        for i in 0..50 {
-            let api = api.clone();
-            let input = format!(r#"{{"pause_ms": 10, "n": {}}}"#, chunk * 50 + i);
-            set.spawn(async move { api.start_run("three", &input).await });
-        }
-        ids.extend(set.join_all().await);
-    }
-    let created_in = started.elapsed();
-
-    let deadline = Instant::now() + Duration::from_secs(180);
-    loop {
-        let active = count(&api, "three", "queued").await
-            + count(&api, "three", "running").await
-            + count(&api, "three", "sleeping").await;
-        if active == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{active} runs still not ended after 180 s"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    let _w1 = killer.await.unwrap();
-    let took = started.elapsed();
-
-    let mut lost_attempts = 0;
-    let mut resumed_mid_run = 0;
-    for id in &ids {
-        let run = api.run(id).await;
-        assert_eq!(run["status"], "succeeded", "{run:#}");
-        for step in ["a", "b", "c"] {
-            let line = format!("step {step} body ran");
-            let times = run["logs"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|l| l["message"] == line.as_str())
-                .count();
-            assert_eq!(
-                times, 1,
-                "the body of step {step} ran {times} times: {run:#}"
-            );
-        }
-        let attempts = run["attempts"].as_array().unwrap();
-        lost_attempts += attempts
-            .iter()
-            .filter(|a| a["error"]["reason"] == "lease_expired")
-            .count();
-        let out = &run["output"];
-        if out["a"] != out["c"] {
-            resumed_mid_run += 1;
-        }
-    }
-    eprintln!(
-        "{RUNS} runs created in {created_in:?}, all succeeded after {took:?}; \
-         {lost_attempts} attempts lost to kill -9, {resumed_mid_run} runs resumed mid-run"
-    );
-    assert!(
-        lost_attempts > 0 && resumed_mid_run > 0,
-        "the kills hit no run between its steps, so the test proved nothing"
-    );
-    let unique: HashSet<_> = ids.iter().collect();
-    assert_eq!(unique.len(), RUNS);
-}
+use wasq_tests::{Daemon, free_port, guest};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_killed_and_down_for_10s_loses_no_accepted_run() {

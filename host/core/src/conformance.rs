@@ -6,6 +6,8 @@
 
 use std::future::Future;
 
+mod storage;
+
 use crate::clock::{Clock, ManualClock, Millis};
 use crate::flow::*;
 use crate::model::*;
@@ -103,6 +105,10 @@ where
             "a matching event resumes a waiting run; others do not",
             |s, c| Box::pin(wait_event(s, c)),
         ),
+        (
+            "an event resumes all its matching waiters, however many",
+            |s, c| Box::pin(many_waiters(s, c)),
+        ),
         ("a wait times out with no event", |s, c| {
             Box::pin(wait_timeout(s, c))
         }),
@@ -151,7 +157,7 @@ where
             |s, c| Box::pin(priority(s, c)),
         ),
         (
-            "max_queued refuses runs over it and creates nothing",
+            "max_queued refuses runs, retries and, past twice it, children",
             |s, c| Box::pin(max_queued(s, c)),
         ),
         ("max_running caps a tenant's running runs", |s, c| {
@@ -160,6 +166,26 @@ where
         (
             "tenants take turns: a backlog cannot delay another tenant's run",
             |s, c| Box::pin(fairness(s, c)),
+        ),
+        (
+            "storage usage is the exact sum of what is kept; a purge gives it back",
+            |s, c| Box::pin(storage::usage_is_exact(s, c)),
+        ),
+        (
+            "max_run_bytes refuses a step or output over it; the run can still fail",
+            |s, c| Box::pin(storage::run_quota(s, c)),
+        ),
+        (
+            "max_stored_bytes refuses new work and steps; other tenants go on",
+            |s, c| Box::pin(storage::tenant_quota(s, c)),
+        ),
+        (
+            "max_run_log_bytes cuts a run's log once, over all its attempts",
+            |s, c| Box::pin(storage::log_budget(s, c)),
+        ),
+        (
+            "big step outputs are read by reference; details list steps without outputs",
+            |s, c| Box::pin(storage::big_steps_by_reference(s, c)),
         ),
     ];
     for (name, scenario) in scenarios {
@@ -532,11 +558,18 @@ async fn late_completion(store: impl Store, clock: ManualClock) {
         matches!(r, Err(StoreError::LeaseLost(_))),
         "late record: {r:?}"
     );
-    let lost = store
+    let renewal = store
         .renew(std::slice::from_ref(&old.lease), LEASE)
         .await
         .unwrap();
-    assert_eq!(lost, std::slice::from_ref(&run.id), "late renewal");
+    assert_eq!(
+        renewal,
+        Renewal {
+            lost: vec![run.id.clone()],
+            cancelling: vec![]
+        },
+        "late renewal"
+    );
     let d = detail(&store, &run.id).await;
     assert_eq!(d.run.status, RunStatus::Succeeded);
     assert_eq!(d.run.output.as_deref(), Some(&b"\"new\""[..]));
@@ -578,7 +611,7 @@ async fn steps_replay(store: impl Store, clock: ManualClock) {
     };
     store.record(&c.lease, rec).await.unwrap();
     let logged: Vec<_> = store
-        .logs(DEFAULT_TENANT, &run.id, 0)
+        .logs(DEFAULT_TENANT, &run.id, 0, usize::MAX)
         .await
         .unwrap()
         .into_iter()
@@ -594,27 +627,26 @@ async fn steps_replay(store: impl Store, clock: ManualClock) {
     let mut steps: Vec<_> = again
         .steps
         .iter()
-        .map(|s| {
-            (
-                s.name.as_str(),
-                s.occurrence,
-                s.output.as_slice(),
-                s.attempt,
-            )
-        })
+        .map(|s| (s.name.as_str(), s.occurrence, s.output.as_deref()))
         .collect();
     steps.sort();
     assert_eq!(
         steps,
         [
-            ("a", 0, &b"1"[..], 1),
-            ("a", 1, &b"2"[..], 1),
-            ("b", 0, &b"3"[..], 1),
-            ("c", 0, &b"4"[..], 1)
+            ("a", 0, Some(&b"1"[..])),
+            ("a", 1, Some(&b"2"[..])),
+            ("b", 0, Some(&b"3"[..])),
+            ("c", 0, Some(&b"4"[..]))
         ]
     );
     let d = detail(&store, &run.id).await;
     assert_eq!(d.steps.len(), 4);
+    assert_eq!(d.steps_total, 4);
+    assert!(
+        d.steps
+            .iter()
+            .all(|s| s.attempt == 1 && s.output_bytes == 1)
+    );
     assert_eq!(
         d.steps[0].completed_at,
         T0 + 1,
@@ -713,21 +745,22 @@ async fn renew(store: impl Store, clock: ManualClock) {
     let got = claim(&store, "w", 2).await;
     let (a, b) = (&got[0], &got[1]);
     clock.advance(LEASE as i64 - 10);
-    let lost = store
+    let renewal = store
         .renew(std::slice::from_ref(&a.lease), LEASE)
         .await
         .unwrap();
-    assert!(lost.is_empty());
+    assert!(renewal.all_held(), "{renewal:?}");
     clock.advance(20);
     // b expired and was taken over; a was renewed and is still held
     let taken = claim(&store, "w2", 10).await;
     assert_eq!(taken.len(), 1);
     assert_eq!(taken[0].run.id, b.run.id);
-    let lost = store
+    let renewal = store
         .renew(&[a.lease.clone(), b.lease.clone()], LEASE)
         .await
         .unwrap();
-    assert_eq!(lost, std::slice::from_ref(&b.run.id));
+    assert_eq!(renewal.lost, std::slice::from_ref(&b.run.id));
+    assert!(renewal.cancelling.is_empty(), "{renewal:?}");
     store
         .finish(
             &a.lease,
@@ -862,7 +895,7 @@ async fn logs(store: impl Store, clock: ManualClock) {
         .await
         .unwrap();
     let all: Vec<_> = store
-        .logs(DEFAULT_TENANT, &run.id, 0)
+        .logs(DEFAULT_TENANT, &run.id, 0, usize::MAX)
         .await
         .unwrap()
         .into_iter()
@@ -870,7 +903,7 @@ async fn logs(store: impl Store, clock: ManualClock) {
         .collect();
     assert_eq!(all, ["one", "two", "three"]);
     let tail: Vec<_> = store
-        .logs(DEFAULT_TENANT, &run.id, 2)
+        .logs(DEFAULT_TENANT, &run.id, 2, usize::MAX)
         .await
         .unwrap()
         .into_iter()
@@ -880,7 +913,7 @@ async fn logs(store: impl Store, clock: ManualClock) {
     assert_eq!(detail(&store, &run.id).await.run.progress, Some(p));
     assert!(
         store
-            .logs("someone-else", &run.id, 0)
+            .logs("someone-else", &run.id, 0, usize::MAX)
             .await
             .unwrap()
             .is_empty()
@@ -1014,14 +1047,17 @@ async fn cancel(store: impl Store, clock: ManualClock) {
         RunStatus::Running,
         "a running run ends when its attempt stops"
     );
-    let lost = store
+    let renewal = store
         .renew(std::slice::from_ref(&c.lease), LEASE)
         .await
         .unwrap();
     assert_eq!(
-        lost,
-        std::slice::from_ref(&running.id),
-        "renewal tells the worker to stop"
+        renewal,
+        Renewal {
+            lost: vec![],
+            cancelling: vec![running.id.clone()]
+        },
+        "renewal tells the worker to stop, and that the lease is still held"
     );
     let error = RunError::new(ErrorReason::Host, "attempt cancelled");
     let r = store
@@ -1144,12 +1180,13 @@ async fn retry_override(store: impl Store, _clock: ManualClock) {
     );
 }
 
-fn step_output(steps: &[StepRecord], name: &str) -> Resolution {
+fn step_output(steps: &[ReplayStep], name: &str) -> Resolution {
     let step = steps
         .iter()
         .find(|s| s.name == name)
         .unwrap_or_else(|| panic!("no step {name}: {steps:?}"));
-    serde_json::from_slice(&step.output).expect("a resolution")
+    serde_json::from_slice(step.output.as_deref().expect("a small step comes inline"))
+        .expect("a resolution")
 }
 
 fn waiting_for_event(filter: Option<&str>, until: Option<i64>) -> Outcome {
@@ -1233,6 +1270,39 @@ async fn wait_event(store: impl Store, clock: ManualClock) {
     assert!(second.resumed.is_empty(), "a wait resolves once");
 }
 
+/// More waiters than any backend reads in one page: all the matching ones resume, and only
+/// those, from one event.
+async fn many_waiters(store: impl Store, clock: ManualClock) {
+    deploy_fn(&store, "f", "d", 1).await;
+    const N: usize = 1_200;
+    for i in 0..N {
+        enqueue(&store, "f", &i.to_string()).await;
+    }
+    let mut odd = Vec::new();
+    for _ in 0..N / 100 {
+        for c in claim(&store, "w", 100).await {
+            let n: usize = String::from_utf8_lossy(&c.run.input).parse().unwrap();
+            let filter = if n % 2 == 1 {
+                odd.push(c.run.id.clone());
+                r#"{"odd": true}"#
+            } else {
+                r#"{"odd": false}"#
+            };
+            store
+                .finish(&c.lease, waiting_for_event(Some(filter), None))
+                .await
+                .unwrap();
+        }
+    }
+    clock.advance(1);
+    let sent = send(&store, "order.paid", serde_json::json!({"odd": true}), None).await;
+    let mut resumed = sent.resumed;
+    resumed.sort();
+    odd.sort();
+    assert_eq!(resumed.len(), N / 2);
+    assert_eq!(resumed, odd, "exactly the matching waiters resume");
+}
+
 async fn wait_timeout(store: impl Store, clock: ManualClock) {
     deploy_fn(&store, "f", "d", 1).await;
     let run = enqueue(&store, "f", "{}").await;
@@ -1289,6 +1359,7 @@ async fn event_subscribers(store: impl Store, _clock: ManualClock) {
                 tz: "Europe/Berlin".into(),
                 missed: Missed::Latest,
                 paused: false,
+                resumed_at: None,
             }),
         })
         .await
@@ -1512,7 +1583,7 @@ async fn purge(store: impl Store, clock: ManualClock) {
     assert!(store.run(DEFAULT_TENANT, &ok.id).await.unwrap().is_none());
     assert!(
         store
-            .logs(DEFAULT_TENANT, &ok.id, 0)
+            .logs(DEFAULT_TENANT, &ok.id, 0, usize::MAX)
             .await
             .unwrap()
             .is_empty()
@@ -1680,13 +1751,8 @@ async fn usage(store: impl Store + Directory, clock: ManualClock) {
     }
     store.finish(&c[0].lease, wait).await.unwrap();
     let u = store.usage(DEFAULT_TENANT).await.unwrap();
-    assert_eq!(
-        u,
-        Usage {
-            fuel: 1_327,
-            attempts: 4
-        }
-    );
+    assert_eq!((u.fuel, u.attempts), (1_327, 4), "{u:?}");
+    assert!(u.stored_bytes > 0, "what the runs keep is counted: {u:?}");
     assert_eq!(store.usage("someone-else").await.unwrap(), Usage::default());
 }
 
@@ -2140,13 +2206,33 @@ async fn max_queued(store: impl Store + Directory, _clock: ManualClock) {
         matches!(event, Err(StoreError::QuotaExceeded { .. })),
         "{event:?}"
     );
-    let child = try_enqueue(&store, "q", "f", json!({}), None, Some(&first.id))
+    // Children of admitted runs go on past max_queued, up to twice it: no further.
+    for _ in 0..2 {
+        let child = try_enqueue(&store, "q", "f", json!({}), None, Some(&first.id))
+            .await
+            .expect("a child may go past max_queued");
+        assert_eq!(child.run.status, RunStatus::Queued);
+    }
+    let third = try_enqueue(&store, "q", "f", json!({}), None, Some(&first.id)).await;
+    assert!(
+        matches!(third, Err(StoreError::QuotaExceeded { .. })),
+        "children cannot grow the queue past twice max_queued: {third:?}"
+    );
+    assert_eq!(count(store.runs(q()).await.unwrap()), 4);
+    // Starting runs makes room, for new runs only below max_queued.
+    let started = claim(&store, "w", 2).await;
+    assert_eq!(started.len(), 2);
+    assert!(
+        try_enqueue(&store, "q", "f", json!({}), None, None)
+            .await
+            .is_err(),
+        "2 queued: still full"
+    );
+    let more = claim(&store, "w", 2).await;
+    assert_eq!(more.len(), 2);
+    try_enqueue(&store, "q", "f", json!({}), None, None)
         .await
-        .expect("a child is never refused");
-    assert_eq!(child.run.status, RunStatus::Queued);
-    assert_eq!(count(store.runs(q()).await.unwrap()), 3);
-    // Starting runs makes room.
-    assert_eq!(claim(&store, "w", 2).await.len(), 2);
+        .expect("room again");
     try_enqueue(&store, "q", "f", json!({}), None, None)
         .await
         .expect("room again");
@@ -2164,6 +2250,19 @@ async fn max_queued(store: impl Store + Directory, _clock: ManualClock) {
         })
         .await;
     assert!(sent.is_err(), "still full");
+    // A manual retry queues a run again: refused while the queue is full.
+    let dead = store
+        .finish(&started[0].lease, failed(ErrorReason::Fatal, None))
+        .await
+        .unwrap();
+    let retried = store.retry("q", &dead.id).await;
+    assert!(
+        matches!(retried, Err(StoreError::QuotaExceeded { .. })),
+        "{retried:?}"
+    );
+    assert_eq!(claim(&store, "w", 1).await.len(), 1);
+    let retried = store.retry("q", &dead.id).await.expect("room for it now");
+    assert_eq!(retried.status, RunStatus::Queued);
     // A tenant without a record has no quotas.
     deploy_flow(&store, "free", "f", FlowControl::default()).await;
     for _ in 0..5 {

@@ -91,7 +91,8 @@ pub struct Debounce {
     pub key: Option<KeyExpr>,
 }
 
-/// The keys a run was created with (evaluated key expressions), for display.
+/// The keys a run was created with (evaluated key expressions, over [`MAX_KEY_BYTES`]
+/// replaced by their hash as in [`Gate::id`]), for display.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct FlowKeys {
@@ -152,10 +153,12 @@ impl FlowControl {
         let priority = priority.unwrap_or(self.priority);
         let mut keys = FlowKeys::default();
         let gate = |kind: &str, key: Option<&KeyExpr>, limit, period_ms| {
-            let value = key.map(|k| k.eval(&input));
+            // The shown key is the one the gate uses: bounded too, or a 2 MiB input field
+            // would be copied onto the run record and into its rate-limit error.
+            let value = key.map(|k| bounded_key(&k.eval(&input)));
             let id = match &value {
                 None => format!("{kind}:{function}"),
-                Some(v) => format!("{kind}:{function}:{}", bounded_key(v)),
+                Some(v) => format!("{kind}:{function}:{v}"),
             };
             (
                 Gate {
@@ -598,12 +601,11 @@ mod tests {
         assert_eq!(p.concurrency.unwrap().id, "c:f:null");
         assert_eq!(p.rank_offset, -200);
         let long = format!(r#"{{"c": "{}"}}"#, "x".repeat(500));
-        let id = flow
-            .plan("f", long.as_bytes(), None)
-            .concurrency
-            .unwrap()
-            .id;
+        let long_plan = flow.plan("f", long.as_bytes(), None);
+        let id = long_plan.concurrency.unwrap().id;
         assert!(id.starts_with("c:f:#") && id.len() == 4 + 17, "{id}");
+        // Regression: the shown key (on the run, in errors) was the 500-byte value itself.
+        assert_eq!(long_plan.keys.concurrency.as_deref(), Some(&id[4..]));
     }
 
     #[test]

@@ -11,13 +11,18 @@
 
 pub mod clock;
 pub mod conformance;
+pub mod duration;
 pub mod flow;
 mod model;
+pub mod names;
+pub mod storage;
 mod store;
 mod tenant;
+pub mod text;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use flow::{FlowControl, FlowKeys, FlowPlan, Gate, KeyExpr};
 pub use model::*;
+pub use storage::CostModel;
 pub use store::*;
 pub use tenant::*;

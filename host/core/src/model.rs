@@ -184,7 +184,7 @@ impl RetryPolicy {
             | ErrorReason::OutOfMemory
             | ErrorReason::Trap => self.retry_traps,
             ErrorReason::LeaseExpired | ErrorReason::Host => true,
-            ErrorReason::RateLimited | ErrorReason::Debounced => false,
+            ErrorReason::RateLimited | ErrorReason::Debounced | ErrorReason::StorageQuota => false,
         };
         if !retried {
             return None;
@@ -244,6 +244,10 @@ pub struct Schedule {
     pub missed: Missed,
     #[serde(default)]
     pub paused: bool,
+    /// When the schedule was last resumed after a pause: its ticks up to then were missed,
+    /// and `missed` decides what fires of them (none, or the latest once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_at: Option<Millis>,
 }
 
 /// What happens to ticks that passed while no server was running.
@@ -283,6 +287,9 @@ pub enum ErrorReason {
     RateLimited,
     /// Skipped: a later run with the same debounce key replaced it.
     Debounced,
+    /// The run or its tenant reached a storage quota (`max_run_bytes`,
+    /// `max_stored_bytes`): never retried, the message names the quota.
+    StorageQuota,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -440,6 +447,34 @@ pub struct Run {
     /// Earliest time a queued run may start.
     pub due_at: Millis,
     pub finished_at: Option<Millis>,
+    /// Bytes the run keeps besides its logs (input, output, steps, attempts), as charged
+    /// to its tenant's storage (see [`crate::storage`]).
+    #[serde(default)]
+    pub stored_bytes: u64,
+    /// Bytes of the run's log lines.
+    #[serde(default)]
+    pub log_bytes: u64,
+}
+
+/// A completed step as a run's detail lists it: everything but its output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepInfo {
+    pub name: String,
+    pub occurrence: u32,
+    /// The attempt that completed it.
+    pub attempt: u32,
+    pub completed_at: Millis,
+    /// Size of its output.
+    pub output_bytes: u64,
+}
+
+/// A completed step for replay: its output, unless it was too large to come with the
+/// claim (then [`crate::Store::step`] reads it when the replay reaches it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplayStep {
+    pub name: String,
+    pub occurrence: u32,
+    pub output: Option<Vec<u8>>,
 }
 
 /// A completed step: its output is returned instead of re-running its body.
@@ -632,6 +667,10 @@ mod tests {
         assert!(!event_matches(Some("user_id == 42"), &data));
         assert!(check_event_filter("[1]").is_err());
         assert!(check_event_filter(r#"{"a.b": true}"#).is_ok());
+        // Found by tests/fuzz.rs: a float written out and read back must be the same
+        // value (serde_json's `float_roundtrip`), or a filter copied from data never matches.
+        let data = serde_json::json!({"x": 3.1145600445547606e-17});
+        assert!(event_matches(Some(&data.to_string()), &data));
     }
 
     #[test]

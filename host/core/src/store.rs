@@ -21,7 +21,8 @@ pub trait Store: Send + Sync + 'static {
     /// `skipped`; a debounced run replaces (skips) the pending run of its key and is due
     /// one debounce period from now. Fails with [`StoreError::QuotaExceeded`], creating
     /// nothing, when the run would put the tenant above its `max_queued` (child runs,
-    /// `parent` set, are exempt: work already admitted can finish).
+    /// `parent` set, above [`child_queue_limit`]: work already admitted can go on), and
+    /// with [`StoreError::StorageQuota`] over the tenant's storage quotas.
     async fn enqueue(&self, req: EnqueueRequest) -> Result<Enqueued, StoreError>;
     /// Leases up to `limit` due runs (queued; sleeping and due; waiting past its timeout,
     /// which then resolves as timed out); also takes back runs whose lease expired (their
@@ -33,9 +34,10 @@ pub trait Store: Send + Sync + 'static {
     /// (stays queued) while its concurrency key is at its limit, its throttle window is
     /// full (first starts only) or its tenant has `max_running` runs running.
     async fn claim(&self, req: ClaimRequest) -> Result<Vec<Claimed>, StoreError>;
-    /// Extends leases; returns the runs whose lease is no longer held or whose cancellation
-    /// was requested (stop those attempts).
-    async fn renew(&self, leases: &[Lease], lease_ms: u64) -> Result<Vec<RunId>, StoreError>;
+    /// Extends leases; reports the runs whose lease is no longer held (abandon those
+    /// attempts: another attempt owns the run or it ended) and those whose cancellation was
+    /// requested (stop those attempts and finish them; the lease is not extended).
+    async fn renew(&self, leases: &[Lease], lease_ms: u64) -> Result<Renewal, StoreError>;
     /// Stores what an attempt produced while running: a step output, log lines, progress.
     async fn record(&self, lease: &Lease, record: Record) -> Result<(), StoreError>;
     /// Ends the attempt: succeed, fail (requeue after `retry_in_ms` or end as failed), suspend,
@@ -45,7 +47,9 @@ pub trait Store: Send + Sync + 'static {
     /// Cancels a run: at once unless it is running; a running run is marked, reported by
     /// [`Store::renew`] and ends as cancelled when its attempt ends.
     async fn cancel(&self, tenant: &str, id: &str) -> Result<Run, StoreError>;
-    /// Queues a failed or cancelled run again, with a fresh budget of attempts.
+    /// Queues a failed or cancelled run again, with a fresh budget of attempts; refused
+    /// like a new run ([`StoreError::QuotaExceeded`]) when the tenant has `max_queued`
+    /// runs queued.
     async fn retry(&self, tenant: &str, id: &str) -> Result<Run, StoreError>;
     /// Records an event (once per id), starts a run of every subscribed function and
     /// resumes every run waiting for a matching event. An event that would start runs
@@ -54,12 +58,41 @@ pub trait Store: Send + Sync + 'static {
     async fn send_event(&self, req: EventRequest) -> Result<EventSent, StoreError>;
 
     async fn run(&self, tenant: &str, id: &str) -> Result<Option<RunDetail>, StoreError>;
+    /// Steps of a run in completion order, after the first `skip`, at most `limit`.
+    async fn steps(
+        &self,
+        tenant: &str,
+        id: &str,
+        skip: usize,
+        limit: usize,
+    ) -> Result<Vec<StepInfo>, StoreError>;
+    /// One completed step with its output; `None` when the run or the step does not exist.
+    async fn step(
+        &self,
+        tenant: &str,
+        id: &str,
+        name: &str,
+        occurrence: u32,
+    ) -> Result<Option<StepRecord>, StoreError>;
     /// Newest first.
     async fn runs(&self, query: RunQuery) -> Result<Vec<Run>, StoreError>;
     /// Deletes ended runs past their retention; returns how many.
     async fn purge(&self, req: PurgeRequest) -> Result<usize, StoreError>;
-    /// Log lines in the order written, starting after the first `skip`.
-    async fn logs(&self, tenant: &str, id: &str, skip: usize) -> Result<Vec<LogLine>, StoreError>;
+    /// Log lines in the order written, after the first `skip`, at most `limit`.
+    async fn logs(
+        &self,
+        tenant: &str,
+        id: &str,
+        skip: usize,
+        limit: usize,
+    ) -> Result<Vec<LogLine>, StoreError>;
+
+    /// How full the backend is (Redis: `used_memory` of `maxmemory`), for the server's
+    /// store guard; `None` when it has no bound it knows of (the embedded store: the
+    /// server watches its disk itself).
+    async fn capacity(&self) -> Result<Option<Capacity>, StoreError> {
+        Ok(None)
+    }
 
     /// Returns when a run may have become claimable (created, due, resumed, handed back)
     /// or after `max`, whichever is first. Backends shared by several processes wake idle
@@ -105,6 +138,14 @@ pub struct EnqueueRequest {
 
 /// The `retry_after_ms` of a refused enqueue: a hint, the backlog usually moves by then.
 pub const QUOTA_RETRY_AFTER_MS: u64 = 1_000;
+
+/// How many queued runs a child run (`invoke`, `call`) may find and still be created: twice
+/// the tenant's `max_queued`. Work already admitted can go on past the quota (an API
+/// client is refused at `max_queued`, a child only at this), but a run that forks children
+/// that fork children cannot grow the queue without bound.
+pub fn child_queue_limit(max_queued: u64) -> u64 {
+    max_queued.saturating_mul(2)
+}
 
 /// The error of an enqueue refused by `max_queued`.
 pub fn queue_quota_exceeded(tenant: &str, max_queued: u64) -> StoreError {
@@ -162,12 +203,36 @@ pub struct Lease {
     pub expires_at: Millis,
 }
 
+/// How much of its room a backend uses, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    pub used: u64,
+    pub limit: u64,
+}
+
+/// What [`Store::renew`] found; every lease not listed was extended.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Renewal {
+    /// Leases no longer held: the run was taken over or ended.
+    pub lost: Vec<RunId>,
+    /// Leases still held by runs whose cancellation was requested.
+    pub cancelling: Vec<RunId>,
+}
+
+impl Renewal {
+    /// Every lease was extended.
+    pub fn all_held(&self) -> bool {
+        self.lost.is_empty() && self.cancelling.is_empty()
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Claimed {
     pub run: Run,
     pub lease: Lease,
-    /// Steps completed by earlier attempts, for replay.
-    pub steps: Vec<StepRecord>,
+    /// Steps completed by earlier attempts, for replay, in completion order; outputs past
+    /// [`crate::storage::INLINE_REPLAY_BYTES`] are left out (read with [`Store::step`]).
+    pub steps: Vec<ReplayStep>,
 }
 
 #[derive(Debug, Clone)]
@@ -213,12 +278,18 @@ pub enum Outcome {
     Released,
 }
 
+/// A run with its history, bounded: the first [`crate::storage::DETAIL_STEPS`] steps
+/// (without outputs) and the last [`crate::storage::DETAIL_ATTEMPTS`] executions.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunDetail {
     #[serde(flatten)]
     pub run: Run,
     pub attempts: Vec<Attempt>,
-    pub steps: Vec<StepRecord>,
+    /// Executions in all (more than `attempts` lists when it hit its bound).
+    pub attempts_total: u64,
+    pub steps: Vec<StepInfo>,
+    /// Steps in all (page through them with [`Store::steps`]).
+    pub steps_total: u64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -267,6 +338,14 @@ pub enum StoreError {
         /// A hint for clients (HTTP `Retry-After`).
         retry_after_ms: u64,
     },
+    /// A storage quota (of the run or its tenant) refuses the bytes: not retryable, the
+    /// message names the quota.
+    #[error("{0}")]
+    StorageQuota(String),
+    /// The backend refuses writes because it is out of room (Redis at `maxmemory`, a
+    /// full disk). Not retried like an outage: it lasts until something is deleted.
+    #[error("store full: {0}")]
+    Full(String),
     /// The backend is unreachable or overloaded; the same call may succeed later.
     #[error("store unavailable: {0}")]
     Unavailable(String),

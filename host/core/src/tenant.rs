@@ -27,8 +27,9 @@ pub struct Tenant {
 }
 
 /// Per-tenant ceilings. The store enforces `max_queued` (enqueue answers
-/// [`StoreError::QuotaExceeded`]) and `max_running` (claims skip the tenant's runs while it
-/// has that many running); the server enforces the rest at deploy and run time.
+/// [`StoreError::QuotaExceeded`]), `max_running` (claims skip the tenant's runs while it
+/// has that many running) and the storage quotas ([`StoreError::StorageQuota`]); the
+/// server enforces the rest at deploy and run time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Quotas {
@@ -44,6 +45,15 @@ pub struct Quotas {
     pub max_component_bytes: u64,
     /// Outbound HTTP requests one attempt may make.
     pub max_outbound_requests_per_run: u32,
+    /// Bytes the tenant may keep in the store: runs (inputs, outputs, steps, logs,
+    /// attempts), events, functions and their components (see [`crate::storage`]).
+    pub max_stored_bytes: u64,
+    /// Bytes one run may keep: its input, output and step outputs. A step or output
+    /// past it fails the run (`storage_quota`).
+    pub max_run_bytes: u64,
+    /// Bytes of log lines one run may keep, over all its attempts; later lines are
+    /// dropped, with one marker line.
+    pub max_run_log_bytes: u64,
 }
 
 impl Default for Quotas {
@@ -55,6 +65,9 @@ impl Default for Quotas {
             max_memory_per_run: 512 << 20,
             max_component_bytes: 64 << 20,
             max_outbound_requests_per_run: 64,
+            max_stored_bytes: 2 << 30,
+            max_run_bytes: 64 << 20,
+            max_run_log_bytes: 16 << 20,
         }
     }
 }
@@ -79,6 +92,9 @@ pub struct Usage {
     pub fuel: u64,
     /// Attempts that ended (succeeded, failed, slept or waited count once each).
     pub attempts: u64,
+    /// Bytes the tenant keeps in the store now, against its `max_stored_bytes`.
+    #[serde(default)]
+    pub stored_bytes: u64,
 }
 
 /// One line of the append-only audit trail.

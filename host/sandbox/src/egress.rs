@@ -46,7 +46,7 @@ use wasmtime_wasi_http::p2::bindings::http::types::ErrorCode;
 use wasmtime_wasi_http::{Error, ForbiddenHeaderFilter, RequestOptions, WasiBody, WasiHttpHooks};
 use wasq_core::LogLevel;
 
-use crate::host::LogSink;
+use crate::host::{LogSink, Ownership};
 
 /// Limits of outbound HTTP, per attempt. Part of [`crate::SandboxConfig`].
 #[derive(Debug, Clone)]
@@ -466,6 +466,7 @@ struct Shared {
     in_flight: Arc<Semaphore>,
     logs: Arc<LogSink>,
     logged: AtomicU32,
+    ownership: Arc<Ownership>,
 }
 
 pub(crate) struct GuardParams<'a> {
@@ -474,6 +475,8 @@ pub(crate) struct GuardParams<'a> {
     pub allow_loopback: bool,
     pub deadline: Instant,
     pub logs: Arc<LogSink>,
+    /// Asked before each request is let through.
+    pub ownership: Arc<Ownership>,
 }
 
 impl Guard {
@@ -495,6 +498,7 @@ impl Guard {
                 in_flight: Arc::new(Semaphore::new(p.config.max_in_flight_per_attempt.max(1))),
                 logs: p.logs,
                 logged: AtomicU32::new(0),
+                ownership: p.ownership,
             }),
             requests: 0,
         }
@@ -519,7 +523,7 @@ impl Shared {
     fn note(&self, target: &str, what: &str, reason: impl std::fmt::Display) {
         let n = self.logged.fetch_add(1, Ordering::Relaxed);
         if n < MAX_LOGGED {
-            let target = crate::host::truncate_utf8(target.to_owned(), 300);
+            let target = wasq_core::text::truncate_utf8(target.to_owned(), 300);
             self.logs.host(
                 LogLevel::Warn,
                 format!("outbound HTTP to {target} {what}: {reason}"),
@@ -647,6 +651,14 @@ fn check_request(
         _ => "a URL without a host".to_owned(),
     };
     let refuse = |reason: String, error: Error| Err(shared.refuse(&label, reason, error));
+    // Never send a request for a run this attempt may no longer own: the refusal also
+    // marks the attempt abandoned, so the guest stops at the next epoch tick.
+    if let Err(why) = shared.ownership.check() {
+        return refuse(
+            format!("the attempt no longer owns its run: {why}"),
+            Error::HttpRequestDenied,
+        );
+    }
     let max = shared.config.max_requests_per_attempt;
     if number > max {
         return refuse(

@@ -120,14 +120,44 @@ pub(crate) fn engine_key(engine: &Engine) -> String {
 pub(crate) struct DiskCache {
     dir: PathBuf,
     engine_key: String,
+    /// Files kept at most; the least recently used (by modification time, which `get`
+    /// refreshes) go first.
+    max_files: usize,
 }
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 impl DiskCache {
-    pub(crate) fn new(dir: PathBuf, engine_key: String) -> Result<DiskCache, SandboxError> {
+    pub(crate) fn new(
+        dir: PathBuf,
+        engine_key: String,
+        max_files: usize,
+    ) -> Result<DiskCache, SandboxError> {
         std::fs::create_dir_all(&dir)?;
-        Ok(DiskCache { dir, engine_key })
+        Ok(DiskCache {
+            dir,
+            engine_key,
+            max_files: max_files.max(1),
+        })
+    }
+
+    /// Deletes the least recently used artifacts beyond `max_files`. Deleting a file a
+    /// loaded component maps is safe: the mapping stays until it is dropped.
+    fn prune(dir: &Path, max_files: usize) -> std::io::Result<usize> {
+        let mut files: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(dir)?
+            .filter_map(Result::ok)
+            .filter(|e| e.path().extension().is_some_and(|x| x == "cwasm"))
+            .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+            .collect();
+        if files.len() <= max_files {
+            return Ok(0);
+        }
+        files.sort();
+        let excess = files.len() - max_files;
+        for (_, path) in &files[..excess] {
+            let _ = std::fs::remove_file(path);
+        }
+        Ok(excess)
     }
 
     fn path(&self, digest: &str) -> PathBuf {
@@ -143,7 +173,16 @@ impl DiskCache {
         }
         let engine = engine.clone();
         let p = path.clone();
-        match tokio::task::spawn_blocking(move || deserialize_cached(&engine, &p)).await {
+        match tokio::task::spawn_blocking(move || {
+            // Marks it recently used, for `prune`.
+            let _ = std::fs::File::options()
+                .write(true)
+                .open(&p)
+                .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+            deserialize_cached(&engine, &p)
+        })
+        .await
+        {
             Ok(Ok(c)) => Some(c),
             Ok(Err(e)) => {
                 tracing::warn!(path = %path.display(), error = %format!("{e:#}"), "discarding unusable cached component");
@@ -161,9 +200,12 @@ impl DiskCache {
     pub(crate) async fn put(&self, digest: &str, component: &Component) {
         let path = self.path(digest);
         let component = component.clone();
+        let (dir, max_files) = (self.dir.clone(), self.max_files);
         let res = tokio::task::spawn_blocking(move || -> Result<(), String> {
             let bytes = component.serialize().map_err(|e| format!("{e:#}"))?;
-            write_atomically(&path, &bytes).map_err(|e| e.to_string())
+            write_atomically(&path, &bytes).map_err(|e| e.to_string())?;
+            Self::prune(&dir, max_files).map_err(|e| e.to_string())?;
+            Ok(())
         })
         .await;
         match res {

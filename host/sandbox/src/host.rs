@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -15,8 +15,9 @@ use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 use wasq_core::{
-    Clock, LogLevel, LogLine, LogSource, Progress, Resolution, StepRecord, SystemClock, Wait,
-    WaitOn, check_event_filter,
+    Clock, LogLevel, LogLine, LogSource, Progress, ReplayStep, Resolution, SystemClock, Wait,
+    WaitOn, check_event_filter, names,
+    text::{escape_controls, truncate_utf8},
 };
 
 use crate::egress::{self, EgressConfig};
@@ -52,8 +53,11 @@ pub(crate) struct State {
     pub(crate) logs: Arc<LogSink>,
     info: RunInfo,
     journal: Arc<dyn Journal>,
-    /// Outputs of steps completed by earlier attempts, by (name, occurrence).
-    replay: HashMap<(String, u32), Vec<u8>>,
+    /// Asked before every effect; once lost, the attempt stops (see [`Ownership`]).
+    pub(crate) ownership: Arc<Ownership>,
+    /// Outputs of steps completed by earlier attempts, by (name, occurrence); `None` for
+    /// an output left out of the claim (read from the journal when the replay gets there).
+    replay: HashMap<(String, u32), Option<Vec<u8>>>,
     /// How many times `begin` was called per name in this attempt.
     occurrences: HashMap<String, u32>,
     /// Steps begun but not yet completed: name => occurrence.
@@ -72,7 +76,7 @@ pub(crate) struct State {
 pub(crate) struct StateParams {
     pub info: RunInfo,
     pub journal: Arc<dyn Journal>,
-    pub steps: Vec<StepRecord>,
+    pub steps: Vec<ReplayStep>,
     pub memory_limit: u64,
     pub log_bytes: usize,
     pub log_lines: usize,
@@ -115,12 +119,14 @@ impl State {
             .into_iter()
             .map(|s| ((s.name, s.occurrence), s.output))
             .collect::<HashMap<_, _>>();
+        let ownership = Ownership::new(p.journal.clone());
         let egress = egress::Guard::new(egress::GuardParams {
             allow_hosts: &p.allow_hosts,
             config: &p.egress,
             allow_loopback: p.allow_loopback_egress,
             deadline: p.deadline,
             logs: logs.clone(),
+            ownership: ownership.clone(),
         });
         State {
             wasi: wasi.build(),
@@ -131,6 +137,7 @@ impl State {
             logs,
             info: p.info,
             journal: p.journal,
+            ownership,
             replay,
             occurrences: HashMap::new(),
             pending: HashMap::new(),
@@ -225,6 +232,39 @@ impl progress::Host for State {
     }
 }
 
+/// Whether the attempt still owns its run, as its journal says (see
+/// [`Journal::ensure_owned`]). The first refusal sticks: from then on every effect is
+/// refused and the epoch callback stops the guest.
+pub(crate) struct Ownership {
+    journal: Arc<dyn Journal>,
+    lost: OnceLock<String>,
+}
+
+impl Ownership {
+    pub(crate) fn new(journal: Arc<dyn Journal>) -> Arc<Ownership> {
+        Arc::new(Ownership {
+            journal,
+            lost: OnceLock::new(),
+        })
+    }
+
+    /// Why ownership was lost, once it was.
+    pub(crate) fn lost(&self) -> Option<String> {
+        self.lost.get().cloned()
+    }
+
+    /// Asks the journal before an effect; `Err(why)` once it refuses.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        if let Some(why) = self.lost.get() {
+            return Err(why.clone());
+        }
+        self.journal.ensure_owned().map_err(|why| {
+            let _ = self.lost.set(why);
+            self.lost.get().cloned().unwrap_or_default()
+        })
+    }
+}
+
 /// Step names are stored with every step and shown in UIs.
 const MAX_STEP_NAME_BYTES: usize = 256;
 
@@ -241,6 +281,11 @@ impl State {
     /// which bounds what one attempt can make the store hold: at most
     /// `max_durable_ops` of them, with names of at most [`MAX_STEP_NAME_BYTES`].
     fn next_occurrence(&mut self, name: &str) -> wasmtime::Result<u32> {
+        // Before anything else: a worker that lost the run must not start the step body,
+        // sleep, wait, child run or event that follows (another worker may be at it).
+        self.ownership
+            .check()
+            .map_err(|why| wasmtime::Error::new(Stop::Abandoned(why)))?;
         if name.len() > MAX_STEP_NAME_BYTES {
             return Err(guest_error(format!(
                 "step name of {} bytes is over the limit of {MAX_STEP_NAME_BYTES}",
@@ -260,15 +305,35 @@ impl State {
         Ok(occurrence)
     }
 
+    /// The stored output of step (`name`, `occurrence`) if an earlier attempt completed
+    /// it: from the claim, or read now when it was too big to come with it. Taken out of
+    /// the replay set, so the attempt holds each output once at most.
+    async fn stored_output(
+        &mut self,
+        name: &str,
+        occurrence: u32,
+    ) -> wasmtime::Result<Option<Vec<u8>>> {
+        match self.replay.remove(&(name.to_owned(), occurrence)) {
+            None => Ok(None),
+            Some(Some(output)) => Ok(Some(output)),
+            Some(None) => self
+                .journal
+                .load_step(name, occurrence)
+                .await
+                .map(Some)
+                .map_err(|msg| wasmtime::Error::new(Stop::Journal(msg))),
+        }
+    }
+
     /// A stored step output parsed as `T`; a different shape means the code outside
     /// steps changed what it does at this point between attempts.
-    fn replayed<T: serde::de::DeserializeOwned>(
+    async fn replayed<T: serde::de::DeserializeOwned>(
         &mut self,
         name: &str,
         occurrence: u32,
         what: &str,
     ) -> wasmtime::Result<Option<T>> {
-        match self.replay.remove(&(name.to_owned(), occurrence)) {
+        match self.stored_output(name, occurrence).await? {
             None => Ok(None),
             Some(stored) => serde_json::from_slice(&stored).map(Some).map_err(|_| {
                 guest_error(format!(
@@ -288,7 +353,10 @@ impl State {
     /// suspended, freeing the worker slot until the run is due again.
     async fn durable_sleep(&mut self, name: String, wake_at: i64) -> wasmtime::Result<()> {
         let occurrence = self.next_occurrence(&name)?;
-        let wake_at = match self.replayed::<SleepRecord>(&name, occurrence, "a sleep")? {
+        let wake_at = match self
+            .replayed::<SleepRecord>(&name, occurrence, "a sleep")
+            .await?
+        {
             Some(r) => r.wake_at,
             None => {
                 let record = serde_json::to_vec(&SleepRecord { wake_at }).expect("serialises");
@@ -315,7 +383,7 @@ impl State {
 impl step::Host for State {
     async fn begin(&mut self, name: String) -> wasmtime::Result<Option<Vec<u8>>> {
         let occurrence = self.next_occurrence(&name)?;
-        match self.replay.remove(&(name.clone(), occurrence)) {
+        match self.stored_output(&name, occurrence).await? {
             Some(output) => Ok(Some(output)),
             None => {
                 self.pending.insert(name, occurrence);
@@ -361,7 +429,20 @@ impl step::Host for State {
         timeout_millis: u64,
     ) -> wasmtime::Result<Option<Vec<u8>>> {
         let occurrence = self.next_occurrence(&name)?;
-        match self.replayed::<Resolution>(&name, occurrence, "a wait for an event")? {
+        names::check_event_name(&event).map_err(guest_error)?;
+        if let Some(filter) = &if_
+            && filter.len() > names::MAX_EVENT_FILTER
+        {
+            return Err(guest_error(format!(
+                "wait-for-event filter of {} bytes is over the limit of {}",
+                filter.len(),
+                names::MAX_EVENT_FILTER
+            )));
+        }
+        match self
+            .replayed::<Resolution>(&name, occurrence, "a wait for an event")
+            .await?
+        {
             Some(Resolution::Event { data }) => return Ok(Some(data.to_string().into_bytes())),
             Some(Resolution::TimedOut) => return Ok(None),
             Some(_) => {
@@ -397,7 +478,11 @@ impl step::Host for State {
         input: Vec<u8>,
     ) -> wasmtime::Result<String> {
         let occurrence = self.next_occurrence(&name)?;
-        if let Some(r) = self.replayed::<ChildRecord>(&name, occurrence, "an invoke")? {
+        names::check_function_name(&function).map_err(guest_error)?;
+        if let Some(r) = self
+            .replayed::<ChildRecord>(&name, occurrence, "an invoke")
+            .await?
+        {
             return Ok(r.run_id);
         }
         let key = self.idempotency_key("child", &name, occurrence);
@@ -417,7 +502,11 @@ impl step::Host for State {
         input: Vec<u8>,
     ) -> wasmtime::Result<Result<Vec<u8>, String>> {
         let occurrence = self.next_occurrence(&name)?;
-        if let Some(resolution) = self.replayed::<Resolution>(&name, occurrence, "a call")? {
+        names::check_function_name(&function).map_err(guest_error)?;
+        if let Some(resolution) = self
+            .replayed::<Resolution>(&name, occurrence, "a call")
+            .await?
+        {
             return run_result(&name, resolution);
         }
         let key = self.idempotency_key("child", &name, occurrence);
@@ -431,7 +520,11 @@ impl step::Host for State {
         run_id: String,
     ) -> wasmtime::Result<Result<Vec<u8>, String>> {
         let occurrence = self.next_occurrence(&name)?;
-        if let Some(resolution) = self.replayed::<Resolution>(&name, occurrence, "a join")? {
+        names::check_run_id(&run_id).map_err(guest_error)?;
+        if let Some(resolution) = self
+            .replayed::<Resolution>(&name, occurrence, "a join")
+            .await?
+        {
             return run_result(&name, resolution);
         }
         Err(wait_on_run(name, occurrence, run_id))
@@ -444,8 +537,10 @@ impl step::Host for State {
         data: Vec<u8>,
     ) -> wasmtime::Result<()> {
         let occurrence = self.next_occurrence(&name)?;
+        names::check_event_name(&event).map_err(guest_error)?;
         if self
-            .replayed::<serde_json::Value>(&name, occurrence, "a sent event")?
+            .replayed::<serde_json::Value>(&name, occurrence, "a sent event")
+            .await?
             .is_some()
         {
             return Ok(());
@@ -520,57 +615,11 @@ fn run_result(name: &str, resolution: Resolution) -> wasmtime::Result<Result<Vec
     }
 }
 
-/// Cuts `s` to at most `max` bytes on a char boundary.
-pub(crate) fn truncate_utf8(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-    }
-    s
-}
-
 /// How much of stderr is kept (outside the log budget) to find a Rust panic message.
 const STDERR_TAIL_BYTES: usize = 8 << 10;
 
 /// Longest stdout/stderr line buffered: a longer one is cut into lines of this size.
 const MAX_STREAM_LINE_BYTES: usize = 16 << 10;
-
-/// Makes guest text safe to print in a terminal or show in a log viewer: C0 and C1
-/// control characters, DEL and the Unicode bidirectional overrides become visible
-/// escapes (`\n`, `\r`, `\u{1b}`), so a guest can neither forge log lines nor send
-/// terminal escape sequences. Tabs stay, and so do newlines when `keep_newlines` (text
-/// wasq composed, such as a backtrace). Stops before `max` bytes; the bool says whether
-/// everything fitted.
-pub(crate) fn escape_controls(s: &str, keep_newlines: bool, max: usize) -> (String, bool) {
-    let mut out = String::with_capacity(s.len().min(max));
-    for c in s.chars() {
-        let start = out.len();
-        match c {
-            '\t' => out.push(c),
-            '\n' if keep_newlines => out.push(c),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            c if c.is_control() || is_bidi_control(c) => {
-                use std::fmt::Write;
-                let _ = write!(out, "\\u{{{:x}}}", c as u32);
-            }
-            c => out.push(c),
-        }
-        if out.len() > max {
-            out.truncate(start);
-            return (out, false);
-        }
-    }
-    (out, true)
-}
-
-/// Characters that reorder the text around them when displayed ("Trojan Source").
-fn is_bidi_control(c: char) -> bool {
-    matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-}
 
 /// Turns guest output into log lines, escaped (see [`escape_controls`]) and charged to
 /// one per-attempt budget of bytes (as stored, escapes included, plus one per line) and
@@ -881,6 +930,9 @@ mod tests {
         }
         async fn start_run(&self, _: &str, _: &[u8], _: &str) -> Result<String, String> {
             Err("no runs here".into())
+        }
+        async fn load_step(&self, _: &str, _: u32) -> Result<Vec<u8>, String> {
+            Err("no steps here".into())
         }
         fn log(&self, line: LogLine) {
             self.0.lock().unwrap().push(line);

@@ -42,6 +42,7 @@ pub use egress::{EgressConfig, MAX_ALLOW_HOSTS, normalize_allow_host};
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -50,7 +51,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Engine, Store, UpdateDeadline};
-use wasq_core::{ErrorReason, Limits, LogLine, Progress, RunError, StepRecord};
+use wasq_core::{ErrorReason, Limits, LogLine, Progress, ReplayStep, RunError};
 
 use crate::compile::CompileError;
 use crate::engine::DiskCache;
@@ -97,6 +98,12 @@ pub struct SandboxConfig {
     /// A durable sleep with at most this much left is slept inside the attempt; a longer
     /// one suspends the run and frees the worker slot.
     pub inline_sleep_max: Duration,
+    /// Components kept linked in memory at once; the least recently used beyond it is
+    /// dropped (and reloaded from the disk cache when a run needs it again).
+    pub max_loaded_components: usize,
+    /// Compiled artifacts kept in the disk cache; the least recently used beyond it are
+    /// deleted.
+    pub max_cached_artifacts: usize,
     /// Durable operations (steps, sleeps, waits, child runs, events) one run may make,
     /// replays included: bounds what a guest can make the store hold, and how many child
     /// runs it can start.
@@ -124,6 +131,8 @@ impl Default for SandboxConfig {
             max_output_bytes: 4 << 20,
             inline_sleep_max: Duration::from_secs(1),
             max_durable_ops: 10_000,
+            max_loaded_components: 256,
+            max_cached_artifacts: 2_048,
             allow_loopback_egress: false,
             egress: EgressConfig::default(),
         }
@@ -150,8 +159,9 @@ pub struct AttemptSpec {
     pub info: RunInfo,
     pub input: Vec<u8>,
     pub limits: Limits,
-    /// Steps completed by earlier attempts: `step.begin` returns their outputs.
-    pub steps: Vec<StepRecord>,
+    /// Steps completed by earlier attempts: `step.begin` returns their outputs (those
+    /// left out are read with [`Journal::load_step`] when the replay reaches them).
+    pub steps: Vec<ReplayStep>,
     pub journal: Arc<dyn Journal>,
     /// Cancelled => the guest is interrupted at the next epoch tick.
     pub cancel: CancellationToken,
@@ -180,9 +190,20 @@ pub trait Journal: Send + Sync {
     ) -> Result<(), String>;
     /// Starts a child run of `function` (exactly once per `key`) and returns its id.
     async fn start_run(&self, function: &str, input: &[u8], key: &str) -> Result<String, String>;
+    /// Reads the output of a completed step that did not come with the attempt's steps
+    /// (too big to carry along). `Err(msg)` traps the guest with reason Host.
+    async fn load_step(&self, name: &str, occurrence: u32) -> Result<Vec<u8>, String>;
     /// Must not block: called from inside the guest's writes.
     fn log(&self, line: LogLine);
     fn progress(&self, progress: Progress);
+    /// Whether the attempt may still start an effect: checked before every step body,
+    /// sleep, wait, child run, event and outbound request, and must be cheap. `Err(why)`
+    /// ends the attempt at once, before the effect, as [`AttemptOutcome::Abandoned`]:
+    /// the caller no longer owns the run (e.g. its lease ran out while the process was
+    /// paused), so another attempt may be running the same code.
+    fn ensure_owned(&self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// How an attempt ended.
@@ -197,6 +218,9 @@ pub enum AttemptOutcome {
     },
     /// The guest waits for an event or for another run; replay the run when it resolves.
     Waiting(wasq_core::Wait),
+    /// [`Journal::ensure_owned`] refused an effect: the attempt stopped there and has no
+    /// end of its own to record (the run belongs to someone else now).
+    Abandoned(String),
 }
 
 impl AttemptOutcome {
@@ -309,7 +333,10 @@ struct Inner {
     linker: Linker<State>,
     compiler: compile::Resolved,
     disk: Option<DiskCache>,
-    loaded: RwLock<HashMap<String, TaskPre<State>>>,
+    /// Linked components by digest, with when each was last used (see `uses`).
+    loaded: RwLock<HashMap<String, (TaskPre<State>, AtomicU64)>>,
+    /// A clock of uses: the least recently used component has the smallest stamp.
+    uses: AtomicU64,
     /// One lock per digest being compiled, so that a burst of attempts of a new component
     /// compiles it once.
     loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -326,7 +353,11 @@ impl Sandbox {
         let linker = engine::linker(&engine)?;
         let compiler = config.compiler.resolve().map_err(SandboxError::Engine)?;
         let disk = match &config.cache_dir {
-            Some(dir) => Some(DiskCache::new(dir.clone(), engine::engine_key(&engine))?),
+            Some(dir) => Some(DiskCache::new(
+                dir.clone(),
+                engine::engine_key(&engine),
+                config.max_cached_artifacts,
+            )?),
             None => None,
         };
         let config_instances = config.max_instances.max(1) as usize;
@@ -338,6 +369,7 @@ impl Sandbox {
             compiler,
             disk,
             loaded: RwLock::default(),
+            uses: AtomicU64::new(0),
             loading: Mutex::default(),
             compile_permits: Arc::new(Semaphore::new(cpus)),
             instances: Arc::new(Semaphore::new(config_instances)),
@@ -509,19 +541,31 @@ impl Inner {
         }
     }
 
+    fn stamp(&self) -> u64 {
+        self.uses.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Keeps `pre` linked, dropping the least recently used component when the table is
+    /// full (attempts running it keep their own reference).
     fn insert(&self, digest: &str, pre: TaskPre<State>) {
-        self.loaded
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(digest.to_string(), pre);
+        let mut loaded = self.loaded.write().unwrap_or_else(|e| e.into_inner());
+        if loaded.len() >= self.config.max_loaded_components.max(1)
+            && !loaded.contains_key(digest)
+            && let Some(oldest) = loaded
+                .iter()
+                .min_by_key(|(_, (_, used))| used.load(Ordering::Relaxed))
+                .map(|(d, _)| d.clone())
+        {
+            loaded.remove(&oldest);
+        }
+        loaded.insert(digest.to_string(), (pre, AtomicU64::new(self.stamp())));
     }
 
     fn pre(&self, digest: &str) -> Option<TaskPre<State>> {
-        self.loaded
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(digest)
-            .cloned()
+        let loaded = self.loaded.read().unwrap_or_else(|e| e.into_inner());
+        let (pre, used) = loaded.get(digest)?;
+        used.store(self.stamp(), Ordering::Relaxed);
+        Some(pre.clone())
     }
 
     /// Resolves imports and the `run` export once per component, so that each attempt
@@ -734,6 +778,8 @@ async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant) -> Attemp
         allow_loopback_egress: inner.config.allow_loopback_egress,
     });
     let logs = state.logs.clone();
+    let ownership = state.ownership.clone();
+    let finish = |outcome, fuel_used, peak| finish(abandoned(&ownership, outcome), fuel_used, peak);
     let mut store = Store::new(&inner.engine, state);
     store.limiter(|s| &mut s.limiter);
     if let Err(e) = store.set_fuel(limits.fuel) {
@@ -746,7 +792,9 @@ async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant) -> Attemp
     store.set_epoch_deadline(1);
     store.epoch_deadline_callback(|mut cx| {
         let st = cx.data_mut();
-        let stop = if st.cancel.is_cancelled() {
+        let stop = if let Some(why) = st.ownership.lost() {
+            Stop::Abandoned(why)
+        } else if st.cancel.is_cancelled() {
             Stop::Cancelled
         } else if Instant::now() >= st.deadline {
             Stop::Timeout
@@ -841,5 +889,17 @@ async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant) -> Attemp
     finish(outcome, fuel_used, peak)
 }
 
+/// An attempt that lost ownership ends as abandoned however the guest stopped (a
+/// refused effect traps it; a refused request makes it fail or go on until the next
+/// epoch tick): nothing it did after that may be recorded as its end.
+fn abandoned(ownership: &host::Ownership, outcome: AttemptOutcome) -> AttemptOutcome {
+    match ownership.lost() {
+        Some(why) => AttemptOutcome::Abandoned(why),
+        None => outcome,
+    }
+}
+
+#[cfg(test)]
+mod fuzz;
 #[cfg(test)]
 mod tests;

@@ -2,9 +2,9 @@
 //! a user can act on.
 
 use wasmtime::{ResourceLimiter, Trap};
+use wasq_core::text::escape_controls;
 use wasq_core::{ErrorReason, RunError};
 
-use crate::host::escape_controls;
 use crate::{AttemptError, host::LogSink};
 
 /// Largest table any guest may grow to; matches the pool's per-table reservation.
@@ -85,6 +85,10 @@ pub(crate) enum Stop {
     /// Not a failure: the guest waits for an event or a run.
     #[error("waiting")]
     Wait(wasq_core::Wait),
+    /// The journal no longer lets the attempt act (its lease ran out): the attempt is
+    /// dropped without an end of its own.
+    #[error("attempt abandoned: {0}")]
+    Abandoned(String),
 }
 
 /// "2s", "1500ms": limits are configured in ms but usually whole seconds.
@@ -152,7 +156,7 @@ pub(crate) fn classify(err: &wasmtime::Error, end: Ending<'_>) -> AttemptError {
         Some(Stop::Journal(msg)) => return failed(ErrorReason::Host, msg.clone()),
         Some(Stop::Guest(msg)) => return failed(ErrorReason::Trap, msg.clone()),
         // Handled by the caller before classifying; reaching here is a bug, not the guest's.
-        Some(Stop::Suspend(_) | Stop::Wait(_)) => {
+        Some(Stop::Suspend(_) | Stop::Wait(_) | Stop::Abandoned(_)) => {
             return failed(ErrorReason::Host, "unexpected suspension".to_string());
         }
         None => {}

@@ -180,6 +180,9 @@ async fn run_of_an_unloaded_digest_is_a_host_error() {
         async fn start_run(&self, _: &str, _: &[u8], _: &str) -> Result<String, String> {
             Err("no runs here".into())
         }
+        async fn load_step(&self, _: &str, _: u32) -> Result<Vec<u8>, String> {
+            Err("no stored steps here".into())
+        }
         fn log(&self, _: LogLine) {}
         fn progress(&self, _: Progress) {}
     }
@@ -209,7 +212,7 @@ async fn run_of_an_unloaded_digest_is_a_host_error() {
 /// toolchain. The first input byte picks the behaviour: `e` echoes the input, `f` fails
 /// fatally with the input as message, `r` asks to retry after 1500 ms, `s` spins forever,
 /// `g` grows memory by 125 MiB (trapping if refused), `u` traps.
-const TEST_COMPONENT: &str = r#"
+pub(crate) const TEST_COMPONENT: &str = r#"
 (component
   (core module $m
     (memory (export "memory") 1)
@@ -275,6 +278,9 @@ impl Journal for Nop {
     }
     async fn start_run(&self, _: &str, _: &[u8], _: &str) -> Result<String, String> {
         Err("no runs here".into())
+    }
+    async fn load_step(&self, _: &str, _: u32) -> Result<Vec<u8>, String> {
+        Err("no stored steps here".into())
     }
     fn log(&self, _: LogLine) {}
     fn progress(&self, _: Progress) {}
@@ -618,5 +624,57 @@ async fn a_slow_in_process_compile_is_abandoned_at_the_time_bound() {
     assert_eq!(
         err.to_string(),
         "compiling the component took longer than the limit of 0.05s"
+    );
+}
+
+/// The table of linked components is bounded: past `max_loaded_components` the least
+/// recently used goes (and a run of it loads it again); the disk cache keeps at most
+/// `max_cached_artifacts` files.
+#[tokio::test]
+async fn loaded_components_and_cached_artifacts_are_bounded() {
+    let cache = tempfile::tempdir().unwrap();
+    let sb = Sandbox::new(SandboxConfig {
+        max_instances: 4,
+        max_loaded_components: 2,
+        max_cached_artifacts: 2,
+        cache_dir: Some(cache.path().to_path_buf()),
+        compiler: Compiler::InProcess,
+        ..SandboxConfig::default()
+    })
+    .unwrap();
+    // Three different components: the heap starts at another address in each.
+    let variant = |i: u32| {
+        wat::parse_str(
+            TEST_COMPONENT.replace("(i32.const 1024)", &format!("(i32.const {})", 1024 + 8 * i)),
+        )
+        .unwrap()
+    };
+    let mut digests = vec![];
+    for i in 0..3 {
+        digests.push(sb.validate(&variant(i)).await.unwrap());
+        if i == 1 {
+            // Used since: the first one is now the most recent.
+            assert_eq!(
+                sb.run(spec(&digests[0], "echo", Limits::default()))
+                    .await
+                    .outcome
+                    .output(),
+                Some(&b"echo"[..])
+            );
+        }
+    }
+    assert!(sb.is_loaded(&digests[0]), "recently used, kept");
+    assert!(!sb.is_loaded(&digests[1]), "least recently used, dropped");
+    assert!(sb.is_loaded(&digests[2]));
+    let files = std::fs::read_dir(cache.path()).unwrap().count();
+    assert_eq!(files, 2, "the disk cache keeps two artifacts");
+    // A dropped component loads again when needed.
+    sb.load(&digests[1], &variant(1)).await.unwrap();
+    assert_eq!(
+        sb.run(spec(&digests[1], "echo", Limits::default()))
+            .await
+            .outcome
+            .output(),
+        Some(&b"echo"[..])
     );
 }

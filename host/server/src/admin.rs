@@ -12,6 +12,7 @@ use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use wasq_core::clock::Millis;
+use wasq_core::text;
 use wasq_core::*;
 
 use crate::App;
@@ -28,17 +29,34 @@ pub fn routes() -> Router<Arc<App>> {
         .route("/v1/audit", get(audit_log))
 }
 
+/// Longest text an audit entry stores per field (escaped, with a truncation marker past
+/// it): a target may quote a caller's input, and the trail is append-only.
+const MAX_AUDIT_FIELD_BYTES: usize = 512;
+
 /// Appends to the audit trail; a failure is logged (the action itself already happened).
+/// Call it only once the action has succeeded. Every text is stored escaped and bounded
+/// ([`audit_entry`]), so no entry can carry a terminal escape or forge a second line.
 pub(crate) async fn audit(app: &App, tenant: &str, caller: &Caller, action: &str, target: String) {
-    let entry = AuditEntry {
-        at: SystemClock.now_ms(),
-        tenant: tenant.to_owned(),
-        actor: caller.actor(),
-        action: action.to_owned(),
-        target,
-    };
+    let entry = audit_entry(
+        SystemClock.now_ms(),
+        tenant,
+        &caller.actor(),
+        action,
+        &target,
+    );
     if let Err(e) = app.directory.audit(entry).await {
         tracing::error!(error = %e, tenant, action, "could not write the audit trail");
+    }
+}
+
+fn audit_entry(at: Millis, tenant: &str, actor: &str, action: &str, target: &str) -> AuditEntry {
+    let field = |s: &str| text::escape_line(s, MAX_AUDIT_FIELD_BYTES);
+    AuditEntry {
+        at,
+        tenant: field(tenant),
+        actor: field(actor),
+        action: field(action),
+        target: field(target),
     }
 }
 
@@ -263,11 +281,20 @@ async fn revoke_key(
     Path((tenant, id)): Path<(String, String)>,
 ) -> Result<Json<KeyView>, ApiError> {
     let tenant = tenant_for(&app, &caller, &tenant).await?;
+    // Revoking a revoked key answers as before and changes nothing: nothing to audit.
+    // (Read first: the revocation time cannot tell, two revocations may share a ms.)
+    let was_revoked = app
+        .directory
+        .key(&id)
+        .await?
+        .is_some_and(|k| k.tenant == tenant.name && k.revoked_at.is_some());
     let key = app
         .directory
         .revoke_key(&tenant.name, &id, SystemClock.now_ms())
         .await?;
-    audit(&app, &tenant.name, &caller, "key.revoke", id).await;
+    if !was_revoked {
+        audit(&app, &tenant.name, &caller, "key.revoke", id).await;
+    }
     Ok(Json(key.into()))
 }
 
@@ -300,4 +327,38 @@ async fn audit_log(
     Ok(Json(
         app.directory.audit_log(tenant.as_deref(), limit).await?,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn audit_entries_are_escaped_and_bounded() {
+        let e = audit_entry(
+            1,
+            "acme",
+            "key:abc",
+            "schedule.\x1b]0;pwned\x07",
+            &format!(
+                "f\n2026-01-01 admin key.revoke {}\u{202e}",
+                "x".repeat(20 << 20)
+            ),
+        );
+        assert_eq!(e.action, "schedule.\\u{1b}]0;pwned\\u{7}");
+        assert!(
+            e.target.starts_with("f\\n2026-01-01 admin key.revoke xxx"),
+            "{}",
+            e.target
+        );
+        assert!(
+            e.target.len() < MAX_AUDIT_FIELD_BYTES + 32,
+            "{}",
+            e.target.len()
+        );
+        assert!(e.target.ends_with(" bytes]"), "a marker says what was cut");
+        for field in [&e.tenant, &e.actor, &e.action, &e.target] {
+            assert!(!field.chars().any(text::is_unsafe_char), "{field:?}");
+        }
+    }
 }

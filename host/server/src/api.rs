@@ -1,4 +1,7 @@
-//! The HTTP API under `/v1`, plus `/healthz`.
+//! The HTTP API under `/v1`, plus `/healthz`. Reading runs, steps and logs (the answers
+//! that must stay bounded whatever a run stored) is in `read.rs`.
+
+mod read;
 
 use std::sync::Arc;
 
@@ -29,19 +32,28 @@ pub fn router(app: Arc<App>) -> Router {
                 .layer(DefaultBodyLimit::max(upload_limit))
                 .layer(axum::middleware::from_fn_with_state(
                     app.clone(),
+                    upload_budget,
+                ))
+                .layer(axum::middleware::from_fn_with_state(
+                    app.clone(),
                     refuse_declared_oversize,
                 )),
         )
         .route("/v1/functions/{name}/runs", axum::routing::post(create_run))
-        .route("/v1/runs", get(list_runs))
+        .route("/v1/runs", get(read::list_runs))
         .route("/v1/events", axum::routing::post(send_event))
         .route("/v1/schedules", get(list_schedules))
         .route(
             "/v1/functions/{name}/schedule/{action}",
             axum::routing::post(schedule_action),
         )
-        .route("/v1/runs/{id}", get(get_run))
-        .route("/v1/runs/{id}/logs", get(get_logs))
+        .route("/v1/runs/{id}", get(read::get_run))
+        .route("/v1/runs/{id}/logs", get(read::get_logs))
+        .route("/v1/runs/{id}/steps", get(read::list_steps))
+        .route(
+            "/v1/runs/{id}/steps/{name}/{occurrence}",
+            get(read::get_step),
+        )
         .route("/v1/runs/{id}/cancel", axum::routing::post(cancel_run))
         .route("/v1/runs/{id}/retry", axum::routing::post(retry_run))
         .merge(crate::admin::routes())
@@ -61,32 +73,15 @@ async fn healthz() -> Json<serde_json::Value> {
     Json(serde_json::json!({ "status": "ok" }))
 }
 
-fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+pub(super) fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
     q.map(|Query(t)| t)
         .map_err(|e| ApiError::bad_request("bad_query", e.body_text()))
 }
 
-/// Function names appear in URLs, logs and CLI tables: keep them plain.
+/// Function names appear in URLs, logs and CLI tables: the rules guests follow too
+/// (`wasq_core::names`).
 fn check_name(name: &str) -> Result<(), ApiError> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphanumeric())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::bad_request(
-            "bad_name",
-            format!(
-                "invalid function name {name:?}: use 1-64 letters, digits, '-', '_' or '.', starting with a letter or digit"
-            ),
-        ))
-    }
+    wasq_core::names::check_function_name(name).map_err(|m| ApiError::bad_request("bad_name", m))
 }
 
 /// Deploy settings, all optional; query parameters of `PUT /v1/functions/{name}`.
@@ -136,7 +131,9 @@ pub struct DeployParams {
 }
 
 impl DeployParams {
-    fn schedule(&self) -> Result<Option<Schedule>, ApiError> {
+    /// The schedule asked for, checked by `crate::cron::check` (limits, and a first tick
+    /// within the search horizon) on a blocking thread, since it searches ticks.
+    async fn schedule(&self) -> Result<Option<Schedule>, ApiError> {
         let Some(cron) = &self.cron else {
             if self.tz.is_some() || self.missed.is_some() {
                 return Err(ApiError::bad_request(
@@ -146,38 +143,33 @@ impl DeployParams {
             }
             return Ok(None);
         };
+        let mut crons: Vec<String> = vec![];
+        for c in cron.split(';').map(str::trim).filter(|c| !c.is_empty()) {
+            // The same expression twice would fire each tick once anyway.
+            if !crons.iter().any(|have| have == c) {
+                crons.push(c.to_owned());
+            }
+        }
         let schedule = Schedule {
-            crons: cron
-                .split(';')
-                .map(|c| c.trim().to_owned())
-                .filter(|c| !c.is_empty())
-                .collect(),
+            crons,
             tz: self.tz.clone().unwrap_or_else(|| "UTC".into()),
             missed: self.missed.unwrap_or_default(),
             paused: false,
+            resumed_at: None,
         };
-        crate::schedule::parse(&schedule).map_err(|e| ApiError::bad_request("bad_schedule", e))?;
+        let checked = schedule.clone();
+        tokio::task::spawn_blocking(move || crate::cron::check(&checked, SystemClock.now_ms()))
+            .await
+            .map_err(|e| StoreError::Internal(format!("checking the schedule failed: {e}")))?
+            .map_err(|e| ApiError::bad_request("bad_schedule", e))?;
         Ok(Some(schedule))
     }
 }
 
-/// Event names: what users type on command lines and match in filters.
+/// Event names: what users type on command lines and match in filters; the rules guests
+/// follow too.
 fn check_event_name(name: &str) -> Result<(), ApiError> {
-    let ok = !name.is_empty()
-        && name.len() <= 128
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '/'));
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::bad_request(
-            "bad_event",
-            format!(
-                "invalid event name {name:?}: use 1-128 letters, digits, '-', '_', '.', ':' or '/'"
-            ),
-        ))
-    }
+    wasq_core::names::check_event_name(name).map_err(|m| ApiError::bad_request("bad_event", m))
 }
 
 impl DeployParams {
@@ -258,6 +250,7 @@ async fn deploy(
 ) -> Result<Response, ApiError> {
     let body = upload_body(body, app.sandbox_config.max_component_bytes)?;
     check_name(&name)?;
+    app.guard.admit()?;
     let params = query(params)?;
     let settings = params.settings(app.sandbox_config.max_memory_bytes)?;
     let events: Vec<String> = match &params.events {
@@ -271,7 +264,7 @@ async fn deploy(
     for e in &events {
         check_event_name(e)?;
     }
-    let schedule = params.schedule()?;
+    let mut schedule = params.schedule().await?;
     if body.is_empty() {
         return Err(ApiError::bad_request(
             "bad_component",
@@ -291,7 +284,17 @@ async fn deploy(
         .validate(&body)
         .await
         .map_err(|e| ApiError::bad_request("bad_component", e.to_string()))?;
-    let existed = app.store.function(&scope.tenant, &name).await?.is_some();
+    let existing = app.store.function(&scope.tenant, &name).await?;
+    let existed = existing.is_some();
+    if let (Some(new), Some(old)) = (&mut schedule, existing.and_then(|f| f.schedule)) {
+        // A redeploy makes a paused schedule active again: a resume, whose missed ticks
+        // follow the policy like any other's.
+        new.resumed_at = if old.paused {
+            Some(SystemClock.now_ms())
+        } else {
+            old.resumed_at
+        };
+    }
     let function = app
         .store
         .deploy(DeployRequest {
@@ -327,6 +330,48 @@ fn upload_too_large(max: usize) -> ApiError {
         code: "too_large",
         message: format!("the upload is over this server's limit of {max} bytes per component"),
         retry_after_ms: None,
+    }
+}
+
+/// Waits for room in the budget of upload bytes in flight (`HttpLimits::
+/// upload_bytes_in_flight`) before a deploy reads its body, and holds it until the deploy
+/// answered; 503 after `upload_wait`. Counted in KiB.
+async fn upload_budget(
+    State(app): State<Arc<App>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if req.method() != axum::http::Method::PUT {
+        return next.run(req).await;
+    }
+    let max = app.sandbox_config.max_component_bytes as u64;
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(max)
+        .min(max);
+    let limits = &app.config.http;
+    let total_kib = (limits.upload_bytes_in_flight >> 10).clamp(1, u64::from(u32::MAX >> 3));
+    let kib = (declared.div_ceil(1024)).clamp(1, total_kib) as u32;
+    let room = app.uploads.clone().acquire_many_owned(kib);
+    match tokio::time::timeout(limits.upload_wait, room).await {
+        Ok(Ok(permit)) => {
+            let resp = next.run(req).await;
+            drop(permit);
+            resp
+        }
+        _ => ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "busy",
+            message: format!(
+                "too many uploads in progress ({} MiB at once): try again",
+                limits.upload_bytes_in_flight >> 20
+            ),
+            retry_after_ms: Some(5_000),
+        }
+        .into_response(),
     }
 }
 
@@ -413,47 +458,64 @@ struct ScheduleView {
     next: Vec<i64>,
 }
 
+/// Tick searches one `GET /v1/schedules` may spend; past it, the remaining schedules are
+/// listed without their next ticks.
+const LIST_SCHEDULES_BUDGET: std::time::Duration = std::time::Duration::from_millis(500);
+
 async fn list_schedules(
     State(app): State<Arc<App>>,
     scope: TenantScope,
 ) -> Result<Json<Vec<ScheduleView>>, ApiError> {
-    let now = SystemClock.now_ms();
-    let mut out = vec![];
-    for f in app.store.functions(&scope.tenant).await? {
-        let Some(s) = &f.schedule else { continue };
-        for entry in crate::schedule::parse(s).unwrap_or_default() {
-            out.push(ScheduleView {
-                function: f.name.clone(),
-                next: if s.paused {
+    let functions = app.store.functions(&scope.tenant).await?;
+    // Searching ticks is CPU work: on a blocking thread, within a budget.
+    let views = tokio::task::spawn_blocking(move || {
+        let now = SystemClock.now_ms();
+        let deadline = std::time::Instant::now() + LIST_SCHEDULES_BUDGET;
+        let mut out = vec![];
+        for f in functions {
+            let Some(s) = &f.schedule else { continue };
+            for entry in crate::cron::entries(s).0 {
+                let next = if s.paused || std::time::Instant::now() >= deadline {
                     vec![]
                 } else {
                     entry.upcoming(now, 5)
-                },
-                cron: entry.expr,
-                tz: s.tz.clone(),
-                missed: s.missed,
-                paused: s.paused,
-            });
+                };
+                out.push(ScheduleView {
+                    function: f.name.clone(),
+                    next,
+                    cron: entry.expr,
+                    tz: s.tz.clone(),
+                    missed: s.missed,
+                    paused: s.paused,
+                });
+            }
         }
-    }
-    Ok(Json(out))
+        out
+    })
+    .await
+    .map_err(|e| StoreError::Internal(format!("listing schedules failed: {e}")))?;
+    Ok(Json(views))
 }
 
-/// `pause`, `resume` or `run-now` (one run, now, outside the schedule).
+/// `pause`, `resume` or `run-now` (one run, now, outside the schedule). The action is
+/// checked before anything is read or written, and audited once it has succeeded.
 async fn schedule_action(
     State(app): State<Arc<App>>,
     scope: TenantScope,
     Path((name, action)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
+    let action = match action.as_str() {
+        "pause" => "schedule.pause",
+        "resume" => "schedule.resume",
+        "run-now" => "schedule.run-now",
+        // Not echoed: the path segment is the caller's, of any length and content.
+        _ => {
+            return Err(ApiError::not_found(
+                "no such schedule action: use pause, resume or run-now",
+            ));
+        }
+    };
     let f = function_or_404(&app, &scope.tenant, &name).await?;
-    crate::admin::audit(
-        &app,
-        &scope.tenant,
-        &scope.caller,
-        &format!("schedule.{action}"),
-        name.clone(),
-    )
-    .await;
     let Some(mut schedule) = f.schedule.clone() else {
         return Err(ApiError {
             status: StatusCode::CONFLICT,
@@ -462,9 +524,39 @@ async fn schedule_action(
             retry_after_ms: None,
         });
     };
-    match action.as_str() {
-        "pause" | "resume" => {
-            schedule.paused = action == "pause";
+    let response = if action == "schedule.run-now" {
+        app.guard.admit()?;
+        let run = app
+            .store
+            .enqueue(EnqueueRequest {
+                tenant: f.tenant,
+                function: f.name,
+                input: serde_json::json!({ "cron": "run-now" })
+                    .to_string()
+                    .into_bytes(),
+                trigger: "cron:run-now".into(),
+                due_at: None,
+                idempotency_key: None,
+                retry: None,
+                parent: None,
+                priority: None,
+            })
+            .await?
+            .run;
+        app.wake.notify_one();
+        (StatusCode::CREATED, Json(run)).into_response()
+    } else {
+        let pause = action == "schedule.pause";
+        if schedule.paused == pause {
+            // Already so: resuming an active schedule must not move `resumed_at`, which
+            // would drop the ticks of the last second.
+            Json(f).into_response()
+        } else {
+            schedule.paused = pause;
+            if !pause {
+                // The ticks up to now were missed: the scheduler applies the policy.
+                schedule.resumed_at = Some(SystemClock.now_ms());
+            }
             // Redeploys the same component with the schedule changed: one transition.
             let component =
                 app.store.component(&f.digest).await?.ok_or_else(|| {
@@ -482,33 +574,11 @@ async fn schedule_action(
                     schedule: Some(schedule),
                 })
                 .await?;
-            Ok(Json(f).into_response())
+            Json(f).into_response()
         }
-        "run-now" => {
-            let run = app
-                .store
-                .enqueue(EnqueueRequest {
-                    tenant: f.tenant,
-                    function: f.name,
-                    input: serde_json::json!({ "cron": "run-now" })
-                        .to_string()
-                        .into_bytes(),
-                    trigger: "cron:run-now".into(),
-                    due_at: None,
-                    idempotency_key: None,
-                    retry: None,
-                    parent: None,
-                    priority: None,
-                })
-                .await?
-                .run;
-            app.wake.notify_one();
-            Ok((StatusCode::CREATED, Json(run)).into_response())
-        }
-        other => Err(ApiError::not_found(format!(
-            "no schedule action {other:?} (pause, resume, run-now)"
-        ))),
-    }
+    };
+    crate::admin::audit(&app, &scope.tenant, &scope.caller, action, name).await;
+    Ok(response)
 }
 
 async fn get_function(
@@ -603,12 +673,13 @@ async fn create_run(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     check_name(&name)?;
+    app.guard.admit()?;
     let params = query(params)?;
     let wait = params
         .wait
         .as_deref()
         .map(|w| {
-            humantime::parse_duration(w)
+            wasq_core::duration::parse(w)
                 .ok()
                 .filter(|d| *d <= MAX_WAIT)
                 .ok_or_else(|| {
@@ -748,6 +819,7 @@ async fn send_event(
         )
     })?;
     check_event_name(&event.name)?;
+    app.guard.admit()?;
     if event
         .id
         .as_ref()
@@ -831,90 +903,9 @@ async fn retry_run(
     scope: TenantScope,
     Path(id): Path<String>,
 ) -> Result<Json<Run>, ApiError> {
+    app.guard.admit()?;
     let run = app.store.retry(&scope.tenant, &id).await?;
     crate::admin::audit(&app, &scope.tenant, &scope.caller, "run.retry", id.clone()).await;
     app.wake.notify_one();
     Ok(Json(run))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ListParams {
-    function: Option<String>,
-    /// Only the children of this run.
-    parent: Option<String>,
-    status: Option<String>,
-    limit: Option<usize>,
-}
-
-async fn list_runs(
-    State(app): State<Arc<App>>,
-    scope: TenantScope,
-    params: Result<Query<ListParams>, QueryRejection>,
-) -> Result<Json<Vec<Run>>, ApiError> {
-    let p = query(params)?;
-    let status = p
-        .status
-        .map(|s| s.parse::<RunStatus>())
-        .transpose()
-        .map_err(|e| ApiError::bad_request("bad_query", e))?;
-    let limit = p.limit.unwrap_or(50);
-    if !(1..=1000).contains(&limit) {
-        return Err(ApiError::bad_request(
-            "bad_query",
-            format!("limit must be between 1 and 1000, got {limit}"),
-        ));
-    }
-    let q = RunQuery {
-        tenant: scope.tenant.clone(),
-        function: p.function,
-        status,
-        parent: p.parent,
-        limit,
-    };
-    Ok(Json(app.store.runs(q).await?))
-}
-
-/// A run as `GET /v1/runs/{id}` shows it: the run, its attempts, steps and first log lines.
-#[derive(Debug, Serialize)]
-struct RunView {
-    #[serde(flatten)]
-    detail: RunDetail,
-    logs: Vec<LogLine>,
-}
-
-const LOGS_IN_RUN_VIEW: usize = 1000;
-
-async fn get_run(
-    State(app): State<Arc<App>>,
-    scope: TenantScope,
-    Path(id): Path<String>,
-) -> Result<Json<RunView>, ApiError> {
-    let detail = app
-        .store
-        .run(&scope.tenant, &id)
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("run {id:?} not found")))?;
-    let mut logs = app.store.logs(&scope.tenant, &id, 0).await?;
-    logs.truncate(LOGS_IN_RUN_VIEW);
-    Ok(Json(RunView { detail, logs }))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LogParams {
-    skip: Option<usize>,
-}
-
-async fn get_logs(
-    State(app): State<Arc<App>>,
-    scope: TenantScope,
-    Path(id): Path<String>,
-    params: Result<Query<LogParams>, QueryRejection>,
-) -> Result<Json<Vec<LogLine>>, ApiError> {
-    let skip = query(params)?.skip.unwrap_or(0);
-    if app.store.run(&scope.tenant, &id).await?.is_none() {
-        return Err(ApiError::not_found(format!("run {id:?} not found")));
-    }
-    Ok(Json(app.store.logs(&scope.tenant, &id, skip).await?))
 }

@@ -37,6 +37,50 @@ pub struct Config {
     pub auth: AuthConfig,
     /// Quotas of tenants created without explicit ones.
     pub default_quotas: Quotas,
+    /// When new work is refused because the store is nearly full.
+    pub guard: crate::guard::GuardConfig,
+    /// Timeouts and connection caps of the HTTP API (see [`HttpLimits`]).
+    pub http: HttpLimits,
+}
+
+/// What one client may hold of the HTTP server: slow or idle connections are cut, and a
+/// flood of connections is refused before it costs a task or a file beyond the cap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// A connection must send a request's complete headers within this, counted from the
+    /// accept or from the end of the previous response (so it also bounds an idle
+    /// keep-alive connection).
+    pub header_timeout: Duration,
+    /// A request body that sends no bytes for this long (while the handler reads it) ends
+    /// the request with 408 and closes the connection. A slow but steady upload is never
+    /// cut; a request whose body is complete (a `?wait=` long-poll) is not affected.
+    pub body_timeout: Duration,
+    /// Open connections in all. Lowered at start to fit the open-file limit
+    /// (`RLIMIT_NOFILE`) less a reserve for the store, the cache and the guests.
+    pub max_connections: usize,
+    /// Open connections from one client address (an IPv6 client: its /64). Behind a
+    /// reverse proxy every connection comes from the proxy: raise this to `max_connections`.
+    pub max_connections_per_ip: usize,
+    /// Bytes of component uploads being received at once, over all clients (an upload
+    /// without a Content-Length counts as the largest allowed). More uploads wait for
+    /// room, up to `upload_wait`, then get 503: twenty parallel 60 MB uploads cannot pull
+    /// 1.2 GB into the server at once.
+    pub upload_bytes_in_flight: u64,
+    /// How long an upload waits for room before it is refused.
+    pub upload_wait: Duration,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            max_connections: 4096,
+            max_connections_per_ip: 256,
+            upload_bytes_in_flight: 128 << 20,
+            upload_wait: Duration::from_secs(30),
+        }
+    }
 }
 
 /// API keys and the operator key.
@@ -89,6 +133,8 @@ impl Config {
                 ..AuthConfig::default()
             },
             default_quotas: Quotas::default(),
+            guard: crate::guard::GuardConfig::default(),
+            http: HttpLimits::default(),
         }
     }
 }

@@ -16,6 +16,16 @@ pub enum ServerError {
         path: std::path::PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "data folder {path} is writable by other users (mode {mode:03o}): its files cannot be trusted; use a folder only you can write to"
+    )]
+    DataDirUnsafe { path: std::path::PathBuf, mode: u32 },
+    #[error("{path} is open to other users (mode {mode:03o}) and cannot be made private: {source}")]
+    DataDirLoose {
+        path: std::path::PathBuf,
+        mode: u32,
+        source: std::io::Error,
+    },
     #[error("data folder {0} is in use by another wasq process")]
     DataDirInUse(std::path::PathBuf),
     #[error(transparent)]
@@ -76,6 +86,19 @@ impl From<StoreError> for ApiError {
                 code: "quota_exceeded",
                 message,
                 retry_after_ms: Some(retry_after_ms),
+            },
+            // 507, not 429: waiting does not help; deleting runs or a bigger quota does.
+            StoreError::StorageQuota(message) => ApiError {
+                status: StatusCode::INSUFFICIENT_STORAGE,
+                code: "storage_quota",
+                message,
+                retry_after_ms: None,
+            },
+            StoreError::Full(_) => ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                code: "store_full",
+                message: e.to_string(),
+                retry_after_ms: Some(30_000),
             },
             StoreError::Unavailable(_) => ApiError {
                 status: StatusCode::SERVICE_UNAVAILABLE,

@@ -17,7 +17,7 @@ fn key(param: &str, expr: &Option<String>) -> Result<Option<KeyExpr>, ApiError> 
 }
 
 fn duration_ms(param: &str, text: &str) -> Result<u64, ApiError> {
-    let d = humantime::parse_duration(text.trim()).map_err(|e| {
+    let d = wasq_core::duration::parse(text.trim()).map_err(|e| {
         bad(format!(
             "{param}: {text:?} is not a duration like 500ms, 1s or 2m: {e}"
         ))
@@ -176,9 +176,123 @@ mod tests {
             ("debounce=1s&debounce_key=input.", "debounce_key"),
             ("priority=5000", "priority must be between"),
             ("priority_aging=0ms", "priority_aging"),
+            // humantime 2.4 panics on these (see wasq_core::duration): a dropped
+            // connection instead of a 400.
+            (
+                "debounce=18446744073709551615s%201000000000ns",
+                "not a duration",
+            ),
+            (
+                "throttle=1/18446744073709551615s%20999999999ns%201ns",
+                "not a duration",
+            ),
         ] {
             let err = params(query).unwrap_err();
             assert!(err.contains(want), "{query}: {err}");
+        }
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn cases(default: u32) -> ProptestConfig {
+            let mut config = ProptestConfig::default();
+            if std::env::var_os("PROPTEST_CASES").is_none() {
+                config.cases = default;
+            }
+            config
+        }
+
+        /// Every byte percent-encoded, so any text reaches the parser as it is.
+        fn enc(text: &str) -> String {
+            text.bytes().map(|b| format!("%{b:02X}")).collect()
+        }
+
+        const UNITS: &[(&str, u64)] = &[
+            ("ms", 1),
+            ("s", 1000),
+            ("m", 60_000),
+            ("h", 3_600_000),
+            ("d", 86_400_000),
+        ];
+
+        fn period() -> impl Strategy<Value = (String, u64)> {
+            (0u64..20_000, prop::sample::select(UNITS.to_vec()))
+                .prop_map(|(n, (unit, ms))| (format!("{n}{unit}"), n * ms))
+        }
+
+        /// Text like the values these parameters take, and some that is nothing like it.
+        fn value() -> impl Strategy<Value = String> {
+            prop_oneof![
+                r"[0-9]{0,6}/[0-9]{0,20} ?[a-zµ]{0,3}",
+                r"[0-9 ]{0,20}[a-z]{0,3}( [0-9]{1,20}[a-z]{0,2}){0,2}",
+                r#"input[\.\[\]"a-z0-9]{0,12}"#,
+                ".{0,16}",
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(cases(2000))]
+
+            /// `N/DURATION` gives N per the duration computed here, within the documented
+            /// ranges, else a 400 naming the parameter.
+            #[test]
+            fn rates_parse_to_limit_and_period(
+                n in prop_oneof![0u32..20_000, any::<u32>()],
+                (text, ms) in period(),
+                which in prop::sample::select(vec!["throttle", "rate_limit"]),
+                space in prop::sample::select(vec!["", " "]),
+            ) {
+                let query = format!("{which}={}", enc(&format!("{n}{space}/{space}{text}")));
+                let got = params(&query);
+                let ok = (1..=10_000).contains(&n) && (1..=7 * 86_400_000).contains(&ms);
+                if ok {
+                    let flow = got.unwrap();
+                    let rate = if which == "throttle" { flow.throttle } else { flow.rate_limit };
+                    let rate = rate.unwrap();
+                    prop_assert_eq!((rate.limit, rate.period_ms), (n, ms));
+                } else {
+                    let err = got.unwrap_err();
+                    prop_assert!(err.contains(which), "{}: {}", query, err);
+                }
+            }
+
+            /// Debounce and priority aging: the duration computed here, or a 400.
+            #[test]
+            fn periods_parse_to_milliseconds((text, ms) in period()) {
+                let got = params(&format!("debounce={}", enc(&text)));
+                match got {
+                    Ok(f) => prop_assert_eq!(f.debounce.unwrap().period_ms, ms),
+                    Err(e) => prop_assert!(ms == 0 || ms > 7 * 86_400_000, "{}: {}", text, e),
+                }
+                let got = params(&format!("priority_aging={}", enc(&text)));
+                match got {
+                    Ok(f) => prop_assert_eq!(f.priority_aging_ms, ms),
+                    Err(e) => prop_assert!(ms == 0 || ms > 86_400_000, "{}: {}", text, e),
+                }
+            }
+
+            /// Any values for every flow parameter: a checked FlowControl or a sentence,
+            /// never a panic.
+            #[test]
+            fn any_flow_parameters_are_settings_or_an_error(
+                values in prop::collection::vec(
+                    (prop::sample::select(vec![
+                        "concurrency_limit", "concurrency_key", "throttle", "throttle_key",
+                        "rate_limit", "rate_limit_key", "debounce", "debounce_key",
+                        "priority", "priority_aging",
+                    ]), value()),
+                    0..6,
+                ),
+            ) {
+                let query: Vec<String> =
+                    values.iter().map(|(k, v)| format!("{k}={}", enc(v))).collect();
+                match params(&query.join("&")) {
+                    Ok(flow) => prop_assert!(flow.validate().is_ok()),
+                    Err(e) => prop_assert!(!e.is_empty()),
+                }
+            }
         }
     }
 }

@@ -15,10 +15,14 @@ mod admin;
 mod api;
 mod auth;
 mod config;
+mod cron;
+mod datadir;
 mod error;
 mod flow;
+mod guard;
 mod metrics;
 mod schedule;
+mod serve;
 mod worker;
 
 use std::net::SocketAddr;
@@ -32,8 +36,9 @@ use wasq_store_redis::RedisStore;
 use wasq_store_sqlite::SqliteStore;
 
 pub use api::DeployParams;
-pub use config::{Config, DEFAULT_PORT, StoreBackend};
+pub use config::{Config, DEFAULT_PORT, HttpLimits, StoreBackend};
 pub use error::{ApiError, ServerError};
+pub use guard::{FreeSpace, GuardConfig};
 /// For binaries: call [`compile_child_main`] first thing in `main` (see
 /// `wasq_sandbox::Compiler`).
 pub use wasq_sandbox::{CHILD_ARG, Compiler, compile_child_main};
@@ -57,6 +62,10 @@ pub(crate) struct App {
     pub in_flight: worker::InFlight,
     pub quotas: worker::QuotaCache,
     pub metrics: metrics::Metrics,
+    /// Whether new work is refused because the store is nearly full.
+    pub guard: guard::Guard,
+    /// Room for upload bodies in flight, in KiB (see `HttpLimits::upload_bytes_in_flight`).
+    pub uploads: Arc<tokio::sync::Semaphore>,
     /// Runs that ended in this process, for requests waiting on them.
     pub finished: tokio::sync::broadcast::Sender<wasq_core::RunId>,
     pub worker_id: String,
@@ -93,12 +102,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
 
 /// Opens the store, binds the listener and spawns the API and the worker.
 pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Running, ServerError> {
-    let dir = &config.data_dir;
-    std::fs::create_dir_all(dir).map_err(|source| ServerError::DataDir {
-        path: dir.clone(),
-        source,
-    })?;
-    let (store, directory, lock) = open_store(&config).await?;
+    datadir::prepare(&config.data_dir, config.sandbox.cache_dir.as_deref())?;
+    let (store, directory, lock) = open_store(&config, &shutdown).await?;
     let (keyring, admin_key) = keyring(&config)?;
     let sandbox = Sandbox::new(config.sandbox.clone())?;
     let listener = match config.listen {
@@ -113,6 +118,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         Some(l) => Some(l.local_addr().map_err(ServerError::Serve)?),
         None => None,
     };
+    let upload_kib =
+        (config.http.upload_bytes_in_flight >> 10).clamp(1, u64::from(u32::MAX >> 3)) as usize;
     let app = Arc::new(App {
         sandbox_config: config.sandbox.clone(),
         worker_id: format!("{}-{}", hostname(), std::process::id()),
@@ -125,6 +132,8 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         in_flight: worker::InFlight::default(),
         quotas: worker::QuotaCache::default(),
         metrics: metrics::Metrics::new(),
+        guard: guard::Guard::default(),
+        uploads: Arc::new(tokio::sync::Semaphore::new(upload_kib)),
         finished: tokio::sync::broadcast::channel(1024).0,
         _lock: lock,
     });
@@ -136,6 +145,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     };
 
     let task = tokio::spawn(async move {
+        let guard = tokio::spawn(guard::watch(app.clone(), shutdown.clone()));
         let worker = (app.config.concurrency > 0)
             .then(|| tokio::spawn(worker::run(app.clone(), shutdown.clone())));
         let scheduler = app.config.scheduler.then(|| {
@@ -147,13 +157,11 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
         let served = match listener {
             Some(listener) => {
                 let router = api::router(app.clone());
-                let api_shutdown = shutdown.clone();
-                let serve = axum::serve(listener, router)
-                    .with_graceful_shutdown(async move { api_shutdown.cancelled().await });
                 if let Some(addr) = addr {
                     tracing::info!(%addr, "API listening");
                 }
-                serve.await.map_err(ServerError::Serve)
+                serve::serve(listener, router, &app.config.http, shutdown.clone()).await;
+                Ok(())
             }
             None => {
                 shutdown.cancelled().await;
@@ -167,6 +175,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
             let _ = janitor.await;
             let _ = cron.await;
         }
+        let _ = guard.await;
         tracing::info!("stopped");
         served
     });
@@ -183,7 +192,7 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
 /// (expired leases are reclaimed by whichever worker claims next).
 type Opened = (Arc<dyn Store>, Arc<dyn Directory>, Option<std::fs::File>);
 
-async fn open_store(config: &Config) -> Result<Opened, ServerError> {
+async fn open_store(config: &Config, shutdown: &CancellationToken) -> Result<Opened, ServerError> {
     match &config.store {
         StoreBackend::Sqlite => {
             let dir = &config.data_dir;
@@ -202,18 +211,46 @@ async fn open_store(config: &Config) -> Result<Opened, ServerError> {
             Ok((store.clone(), store, Some(lock)))
         }
         StoreBackend::Redis(target) => {
-            let store = RedisStore::connect(target, Arc::new(SystemClock))
-                .await
-                .map_err(|e| ServerError::Redis {
-                    target: target.clone(),
-                    source: e,
-                })?;
+            let store = connect_redis(target, shutdown).await?;
             for warning in store.startup_warnings().await {
                 tracing::warn!("{warning}");
             }
             let store = Arc::new(store);
             Ok((store.clone(), store, None))
         }
+    }
+}
+
+/// Connects to Redis, waiting while it is unreachable or still loading its dataset: a
+/// daemon started with its Redis (a reboot, a deployment) must come up once Redis does,
+/// not exit. Gives up at shutdown, or at once on an error waiting cannot fix (a bad URL).
+async fn connect_redis(
+    target: &str,
+    shutdown: &CancellationToken,
+) -> Result<RedisStore, ServerError> {
+    const MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(5);
+    let mut delay = std::time::Duration::from_millis(250);
+    loop {
+        let error = match RedisStore::connect(target, Arc::new(SystemClock)).await {
+            Ok(store) => return Ok(store),
+            Err(e) => e,
+        };
+        let fail = |source| ServerError::Redis {
+            target: target.to_owned(),
+            source,
+        };
+        if !error.is_retryable() {
+            return Err(fail(error));
+        }
+        tracing::warn!(
+            "Redis at {target} is not ready ({error}); trying again in {} ms",
+            delay.as_millis()
+        );
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = shutdown.cancelled() => return Err(fail(error)),
+        }
+        delay = (delay * 2).min(MAX_DELAY);
     }
 }
 
@@ -340,11 +377,13 @@ async fn purge_expired(app: Arc<App>, shutdown: CancellationToken) {
 }
 
 fn lock_data_dir(dir: &std::path::Path) -> Result<std::fs::File, ServerError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join("lock");
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
+        .mode(0o600)
         .open(&path)
         .map_err(|source| ServerError::DataDir {
             path: path.clone(),

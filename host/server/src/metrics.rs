@@ -61,15 +61,21 @@ pub(crate) async fn scrape(
     let mut usage = vec![];
     for t in app.directory.tenants().await? {
         let u = app.directory.usage(&t.name).await?;
-        usage.push((t.name, u));
+        usage.push((t.name, t.quotas, u));
     }
     let m = &app.metrics;
+    let refusing = app.guard.refusing().is_some();
     metrics::with_local_recorder(&m.recorder, || {
-        for (tenant, u) in usage {
+        for (tenant, quotas, u) in usage {
             let labels = [("tenant", tenant)];
             metrics::counter!("wasq_tenant_fuel_consumed_total", &labels).absolute(u.fuel);
             metrics::counter!("wasq_tenant_executions_total", &labels).absolute(u.attempts);
+            metrics::gauge!("wasq_tenant_stored_bytes", &labels).set(u.stored_bytes as f64);
+            metrics::gauge!("wasq_tenant_max_stored_bytes", &labels)
+                .set(quotas.max_stored_bytes as f64);
         }
+        // 1 while the store guard refuses new work (the store is nearly full).
+        metrics::gauge!("wasq_store_full").set(f64::from(u8::from(refusing)));
     });
     Ok((
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],

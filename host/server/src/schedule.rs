@@ -1,272 +1,415 @@
-//! Cron triggers: which ticks of a function's schedule fall in a time window, and the
-//! loop that starts a run for each.
+//! Cron triggers: the loop that starts a run for each tick of each active schedule.
 //!
 //! Exactly once per tick, even with several servers: every tick is enqueued with the
 //! idempotency key `cron:<expression>:<tick ms>`, so the store keeps the first and answers
-//! the others with it. Time zones and daylight saving follow croner (OCPS / Vixie cron):
-//! a fixed-time tick inside a spring-forward gap fires right after the gap; in a
-//! fall-back overlap it fires once; interval ticks (`*/15`) in a gap are skipped.
+//! the others with it. Expressions, time zones and bounded tick searches are `cron.rs`'s.
+//!
+//! Tenants are kept apart (issue 10, findings 3 and 4): each has its own task, so one
+//! tenant's full queue, failing store calls or many schedules delay nobody else's ticks.
+//! Tick searches run on a blocking thread, at most [`SEARCH_BUDGET`] per tenant per pass;
+//! what does not fit waits for the next pass, which starts where this one stopped. Within a
+//! tenant an error stays with its tick:
+//! - a tick the tenant's quota refuses (`max_queued`) is skipped, and logged with a count
+//!   at most once a minute per expression;
+//! - a tick the store cannot take now (unavailable) stays pending and the next pass retries
+//!   it, until it is [`STALE_MS`] late: then the missed policy takes over;
+//! - any other error (a bug, corrupt data, the function deleted meanwhile) drops the tick
+//!   with an error line, since retrying would not help.
+//!
+//! Missed ticks (finding 5): the ticks of a paused schedule (up to `Schedule::resumed_at`),
+//! those before a schedule is first seen by this process, and those still pending
+//! [`STALE_MS`] after they were due (store outage, stalled process) are missed: the
+//! function's `missed` policy decides what fires of them, `skip` none, `latest` the latest
+//! one, once.
 
-use std::collections::HashMap;
-use std::str::FromStr;
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use chrono::{DateTime, TimeZone, Utc};
-use chrono_tz::Tz;
-use croner::Cron;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use wasq_core::clock::Millis;
 use wasq_core::*;
 
 use crate::App;
+use crate::cron::{self, Entry, Next};
 
-/// Ticks fired per schedule per pass at most: a `* * * * * *` schedule after a long
-/// stall does not flood the queue.
+/// Ticks queued per expression per pass at most: a `* * * * * *` schedule catching up
+/// does not flood the queue in one go.
 const MAX_TICKS_PER_PASS: usize = 100;
+/// A tick still pending this long after it was due is missed (the policy decides).
+const STALE_MS: Millis = 60_000;
+/// Tick searching per tenant per pass.
+const SEARCH_BUDGET: Duration = Duration::from_millis(100);
+/// Skipped ticks are logged at most this often per expression.
+const REFUSAL_LOG_EVERY_MS: Millis = 60_000;
+/// How far back `latest` looks when a schedule is first seen.
+const LOOKBACK_MS: Millis = cron::SEARCH_YEARS as Millis * 366 * 24 * 3600 * 1000;
 
-/// A parsed schedule entry.
-pub(crate) struct Entry {
-    pub expr: String,
-    cron: Cron,
-    tz: Tz,
-}
-
-/// Parses and checks a schedule; the error names the bad expression or zone.
-pub(crate) fn parse(schedule: &Schedule) -> Result<Vec<Entry>, String> {
-    let tz = Tz::from_str(&schedule.tz).map_err(|_| {
-        format!(
-            "unknown time zone {:?} (use an IANA name such as America/New_York)",
-            schedule.tz
-        )
-    })?;
-    if schedule.crons.is_empty() {
-        return Err("a schedule needs at least one cron expression".into());
-    }
-    schedule
-        .crons
-        .iter()
-        .map(|expr| {
-            let cron = Cron::from_str(expr)
-                .map_err(|e| format!("invalid cron expression {expr:?}: {e}"))?;
-            Ok(Entry {
-                expr: expr.clone(),
-                cron,
-                tz,
-            })
-        })
-        .collect()
-}
-
-fn at(ms: Millis, tz: Tz) -> DateTime<Tz> {
-    Utc.timestamp_millis_opt(ms)
-        .single()
-        .unwrap_or_default()
-        .with_timezone(&tz)
-}
-
-impl Entry {
-    /// Ticks in (after, until], oldest first, at most `limit`.
-    pub(crate) fn ticks(&self, after: Millis, until: Millis, limit: usize) -> Vec<Millis> {
-        let mut out = vec![];
-        let mut from = at(after, self.tz);
-        while out.len() < limit {
-            let Ok(next) = self.cron.find_next_occurrence(&from, false) else {
-                break;
-            };
-            let ms = next.timestamp_millis();
-            if ms > until {
-                break;
-            }
-            out.push(ms);
-            from = next;
-        }
-        out
-    }
-
-    /// The next `n` ticks after `after`.
-    pub(crate) fn upcoming(&self, after: Millis, n: usize) -> Vec<Millis> {
-        self.ticks(after, i64::MAX, n)
-    }
-
-    /// The latest tick at or before `now`, if any.
-    fn latest(&self, now: Millis) -> Option<Millis> {
-        self.cron
-            .find_previous_occurrence(&at(now, self.tz), true)
-            .ok()
-            .map(|t| t.timestamp_millis())
-    }
-}
-
-/// Starts a run for every tick of every active schedule, once a second, until shutdown.
+/// Keeps one scheduling task per tenant until shutdown.
 pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
-    // Per (tenant, function, expression): ticks up to here are done.
-    let mut done: HashMap<(String, String, String), Millis> = HashMap::new();
+    let mut tasks: HashMap<String, JoinHandle<()>> = HashMap::new();
     loop {
-        let now = SystemClock.now_ms();
-        if let Err(e) = pass(&app, &mut done, now).await {
-            tracing::warn!(error = %e, "cron pass failed; retrying");
+        match app.directory.tenants().await {
+            Ok(tenants) => {
+                let names: HashSet<String> = tenants.into_iter().map(|t| t.name).collect();
+                tasks.retain(|name, task| {
+                    // A finished task panicked: it starts again, as if the server restarted.
+                    let keep = names.contains(name) && !task.is_finished();
+                    if !keep {
+                        task.abort();
+                    }
+                    keep
+                });
+                for name in names {
+                    if let std::collections::hash_map::Entry::Vacant(slot) =
+                        tasks.entry(name.clone())
+                    {
+                        slot.insert(tokio::spawn(tenant_loop(
+                            app.clone(),
+                            name,
+                            shutdown.clone(),
+                        )));
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cron: cannot list tenants; retrying"),
         }
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(1000 - (now % 1000) as u64 + 5)) => {}
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = shutdown.cancelled() => break,
+        }
+    }
+    for task in tasks.into_values() {
+        let _ = task.await;
+    }
+}
+
+/// One tenant's schedules, once a second (just after the second turns).
+async fn tenant_loop(app: Arc<App>, tenant: String, shutdown: CancellationToken) {
+    let mut state = TenantState::default();
+    loop {
+        state = pass(&app, &tenant, state, SystemClock.now_ms()).await;
+        let into_second = SystemClock.now_ms().rem_euclid(1000) as u64;
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(1000 - into_second + 5)) => {}
             _ = shutdown.cancelled() => return,
         }
     }
 }
 
-async fn pass(
-    app: &App,
-    done: &mut HashMap<(String, String, String), Millis>,
-    now: Millis,
-) -> Result<(), StoreError> {
-    let mut functions = Vec::new();
-    for tenant in app.directory.tenants().await? {
-        functions.extend(app.store.functions(&tenant.name).await?);
-    }
-    for f in functions {
-        let Some(schedule) = f.schedule.as_ref().filter(|s| !s.paused) else {
-            continue;
-        };
-        let Ok(entries) = parse(schedule) else {
-            continue;
-        };
-        for entry in entries {
-            let key = (f.tenant.clone(), f.name.clone(), entry.expr.clone());
-            // First sight (start-up or a new deploy): nothing before now, except the latest
-            // missed tick when the schedule asks for it (its key dedups it if it did fire).
-            let after = *done
-                .entry(key.clone())
-                .or_insert_with(|| match schedule.missed {
-                    Missed::Latest => entry.latest(now).map_or(now, |t| t - 1),
-                    Missed::Skip => now,
-                });
-            for tick in entry.ticks(after, now, MAX_TICKS_PER_PASS) {
-                fire(app, &f, &entry, tick).await?;
-                done.insert(key.clone(), tick);
-            }
-            done.insert(key, now.max(after));
+async fn pass(app: &App, tenant: &str, state: TenantState, now: Millis) -> TenantState {
+    let functions = match app.store.functions(tenant).await {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!(tenant, error = %e, "cron: cannot list the tenant's functions; retrying");
+            return state;
         }
-    }
-    Ok(())
+    };
+    let name = tenant.to_owned();
+    let planned = tokio::task::spawn_blocking(move || {
+        let mut state = state;
+        state.plan(&name, functions, now, Instant::now() + SEARCH_BUDGET);
+        state
+    })
+    .await;
+    let mut state = match planned {
+        Ok(state) => state,
+        Err(e) => {
+            tracing::error!(tenant, error = %e, "cron: searching ticks failed; starting over");
+            return TenantState::default();
+        }
+    };
+    state.fire(app, tenant, now).await;
+    state
 }
 
-async fn fire(app: &App, f: &Function, entry: &Entry, tick: Millis) -> Result<(), StoreError> {
-    let when = at(tick, Tz::UTC).to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+/// What the scheduler knows of one tenant's schedules.
+struct TenantState {
+    /// By function name.
+    functions: BTreeMap<String, Tracked>,
+    /// Where the next pass's searches start, so a budget cut favours no schedule.
+    rotate: usize,
+    budget_logged_at: Millis,
+}
+
+struct Tracked {
+    schedule: Schedule,
+    cursors: Vec<Cursor>,
+}
+
+/// One expression's progress.
+struct Cursor {
+    entry: Entry,
+    /// Every tick at or before this is handled, except those in `due`.
+    done: Millis,
+    /// Ticks found and not yet handled, oldest first.
+    due: VecDeque<Millis>,
+    /// Every tick in (`done`, `searched_to`] is in `due`.
+    searched_to: Millis,
+    /// The ticks in (`done`, `missed_to`] were missed: the policy decides what fires.
+    missed_to: Option<Millis>,
+    /// Ticks the tenant's quota refused since the last log line about it.
+    refused: u64,
+    refusal_logged_at: Millis,
+    late_logged_at: Millis,
+}
+
+impl Cursor {
+    /// A schedule seen for the first time (a deploy, or this process starting): nothing
+    /// before `now` fires, except the latest tick when the policy asks for it (its
+    /// idempotency key dedups it if it did fire).
+    fn new(entry: Entry, now: Millis, missed: Missed) -> Cursor {
+        let (done, missed_to) = match missed {
+            Missed::Skip => (now, None),
+            Missed::Latest => (now.saturating_sub(LOOKBACK_MS), Some(now)),
+        };
+        Cursor {
+            entry,
+            done,
+            due: VecDeque::new(),
+            searched_to: now,
+            missed_to,
+            refused: 0,
+            refusal_logged_at: Millis::MIN,
+            late_logged_at: Millis::MIN,
+        }
+    }
+
+    /// `tick`, the oldest due, was enqueued, refused or dropped.
+    fn handled(&mut self, tick: Millis) {
+        self.due.pop_front();
+        self.done = self.done.max(tick);
+    }
+
+    /// After the due ticks up to `now` are handled: nothing is left up to `now` (or as
+    /// far as the search got).
+    fn settle(&mut self, now: Millis) {
+        if self.due.front().is_none_or(|&t| t > now) {
+            self.done = self.done.max(self.searched_to.min(now));
+        }
+    }
+
+    fn miss(&mut self, until: Millis) {
+        self.missed_to = Some(self.missed_to.map_or(until, |m| m.max(until)));
+    }
+
+    /// Applies the missed policy, then finds the ticks up to `now` (and the next one).
+    fn search(&mut self, missed: Missed, now: Millis, deadline: Instant) {
+        if let Some(m) = self.missed_to.take()
+            && m > self.done
+        {
+            let latest = match missed {
+                Missed::Skip => None,
+                Missed::Latest => self.entry.latest_in(self.done, m),
+            };
+            self.due.retain(|&t| t > m);
+            if let Some(t) = latest {
+                self.due.push_front(t);
+            }
+            self.done = m;
+            self.searched_to = self.searched_to.max(m);
+        }
+        while self.searched_to < now
+            && self.due.len() < MAX_TICKS_PER_PASS
+            && Instant::now() < deadline
+        {
+            match self.entry.next_after(self.searched_to) {
+                Next::At(t) => {
+                    self.due.push_back(t);
+                    self.searched_to = t;
+                }
+                Next::NoneUntil(t) => {
+                    self.searched_to = t.max(self.searched_to.saturating_add(1));
+                }
+            }
+        }
+    }
+}
+
+impl Default for TenantState {
+    fn default() -> Self {
+        TenantState {
+            functions: BTreeMap::new(),
+            rotate: 0,
+            budget_logged_at: Millis::MIN,
+        }
+    }
+}
+
+impl TenantState {
+    /// Follows the tenant's functions as listed at `now` and finds their due ticks, until
+    /// `deadline`. Runs on a blocking thread.
+    fn plan(&mut self, tenant: &str, functions: Vec<Function>, now: Millis, deadline: Instant) {
+        let mut seen = HashSet::new();
+        for f in functions {
+            let Some(schedule) = f.schedule else { continue };
+            seen.insert(f.name.clone());
+            let tracked = self.functions.get_mut(&f.name);
+            if let Some(t) = tracked
+                && t.schedule.crons == schedule.crons
+                && t.schedule.tz == schedule.tz
+            {
+                t.schedule = schedule;
+                continue;
+            }
+            // New, or its expressions changed: an expression kept keeps its progress.
+            let (entries, problems) = cron::entries(&schedule);
+            for problem in problems {
+                tracing::warn!(tenant, function = %f.name, %problem, "cron: ignoring part of a stored schedule");
+            }
+            let mut old: HashMap<String, Cursor> = match self.functions.remove(&f.name) {
+                Some(t) if t.schedule.tz == schedule.tz => t
+                    .cursors
+                    .into_iter()
+                    .map(|c| (c.entry.expr.clone(), c))
+                    .collect(),
+                _ => HashMap::new(),
+            };
+            let cursors = entries
+                .into_iter()
+                .map(|e| {
+                    old.remove(&e.expr)
+                        .unwrap_or_else(|| Cursor::new(e, now, schedule.missed))
+                })
+                .collect();
+            self.functions.insert(f.name, Tracked { schedule, cursors });
+        }
+        self.functions.retain(|name, _| seen.contains(name));
+
+        let mut active: Vec<(Missed, &mut Cursor)> = vec![];
+        for (name, t) in &mut self.functions {
+            if t.schedule.paused {
+                continue;
+            }
+            for c in &mut t.cursors {
+                if let Some(resumed) = t.schedule.resumed_at
+                    && resumed > c.done
+                {
+                    c.miss(resumed);
+                }
+                let cutoff = now.saturating_sub(STALE_MS);
+                if c.done < cutoff && c.missed_to.is_none_or(|m| m < cutoff) {
+                    if now.saturating_sub(c.late_logged_at) >= REFUSAL_LOG_EVERY_MS {
+                        tracing::warn!(tenant, function = %name, cron = %c.entry.expr, late_ms = now - c.done,
+                            "cron: ticks more than a minute late are missed; the missed policy applies");
+                        c.late_logged_at = now;
+                    }
+                    c.miss(cutoff);
+                }
+                active.push((t.schedule.missed, c));
+            }
+        }
+        if active.is_empty() {
+            return;
+        }
+        let start = self.rotate % active.len();
+        for i in 0..active.len() {
+            let at = (start + i) % active.len();
+            if Instant::now() >= deadline {
+                if now.saturating_sub(self.budget_logged_at) >= REFUSAL_LOG_EVERY_MS {
+                    tracing::warn!(
+                        tenant,
+                        schedules = active.len(),
+                        searched = i,
+                        "cron: the tenant's search budget is used up; the rest waits for the next pass"
+                    );
+                    self.budget_logged_at = now;
+                }
+                self.rotate = at;
+                return;
+            }
+            let (missed, c) = &mut active[at];
+            c.search(*missed, now, deadline);
+        }
+    }
+
+    /// Enqueues every tick due by `now`; see the module doc for what errors do.
+    async fn fire(&mut self, app: &App, tenant: &str, now: Millis) {
+        for (function, t) in &mut self.functions {
+            if t.schedule.paused {
+                continue;
+            }
+            for c in &mut t.cursors {
+                // Ticks that may be missed wait until the policy has been applied.
+                if c.missed_to.is_some() {
+                    continue;
+                }
+                while let Some(&tick) = c.due.front()
+                    && tick <= now
+                {
+                    match fire(app, tenant, function, &c.entry.expr, tick).await {
+                        Ok(()) if c.refused > 0 => {
+                            tracing::info!(tenant, %function, cron = %c.entry.expr, skipped = c.refused,
+                                "cron ticks are accepted again");
+                            c.refused = 0;
+                        }
+                        Ok(()) => {}
+                        Err(
+                            StoreError::QuotaExceeded { message, .. }
+                            | StoreError::StorageQuota(message)
+                            | StoreError::Full(message),
+                        ) => {
+                            c.refused += 1;
+                            if now.saturating_sub(c.refusal_logged_at) >= REFUSAL_LOG_EVERY_MS {
+                                tracing::warn!(tenant, %function, cron = %c.entry.expr, skipped = c.refused,
+                                    reason = %message, "cron ticks skipped: a quota or the store guard refuses them");
+                                c.refused = 0;
+                                c.refusal_logged_at = now;
+                            }
+                        }
+                        Err(e) if e.is_retryable() => {
+                            tracing::warn!(tenant, error = %e, "cron: the store cannot take ticks now; they stay pending");
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::error!(tenant, %function, cron = %c.entry.expr, tick, error = %e,
+                                "cron: dropping a tick the store refused");
+                        }
+                    }
+                    c.handled(tick);
+                }
+                c.settle(now);
+            }
+        }
+    }
+}
+
+async fn fire(
+    app: &App,
+    tenant: &str,
+    function: &str,
+    expr: &str,
+    tick: Millis,
+) -> Result<(), StoreError> {
+    if let Some(reason) = app.guard.refusing() {
+        return Err(StoreError::Full(reason));
+    }
+    let when = chrono::DateTime::from_timestamp_millis(tick)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     let enqueued = app
         .store
         .enqueue(EnqueueRequest {
-            tenant: f.tenant.clone(),
-            function: f.name.clone(),
-            input: serde_json::json!({ "cron": entry.expr, "scheduled_at": when })
+            tenant: tenant.to_owned(),
+            function: function.to_owned(),
+            input: serde_json::json!({ "cron": expr, "scheduled_at": when })
                 .to_string()
                 .into_bytes(),
-            trigger: format!("cron:{}@{when}", entry.expr),
+            trigger: format!("cron:{expr}@{when}"),
             due_at: None,
-            idempotency_key: Some(format!("cron:{}:{tick}", entry.expr)),
+            idempotency_key: Some(format!("cron:{expr}:{tick}")),
             retry: None,
             parent: None,
             priority: None,
         })
         .await?;
     if enqueued.created {
-        tracing::info!(function = %f.name, cron = %entry.expr, at = %when, "cron tick");
+        tracing::info!(tenant, function, cron = %expr, at = %when, "cron tick");
         app.wake.notify_one();
     }
     Ok(())
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn entry(expr: &str, tz: &str) -> Entry {
-        let s = Schedule {
-            crons: vec![expr.into()],
-            tz: tz.into(),
-            missed: Missed::Skip,
-            paused: false,
-        };
-        parse(&s).unwrap().remove(0)
-    }
-
-    fn ms(rfc3339: &str) -> Millis {
-        DateTime::parse_from_rfc3339(rfc3339)
-            .unwrap()
-            .timestamp_millis()
-    }
-
-    fn utc(ms: Millis) -> String {
-        at(ms, Tz::UTC).to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-    }
-
-    #[test]
-    fn seconds_field_ticks_every_second() {
-        let e = entry("*/1 * * * * *", "UTC");
-        let t0 = ms("2026-01-01T00:00:00.500Z");
-        let ticks = e.ticks(t0, t0 + 10_000, 100);
-        assert_eq!(ticks.len(), 10);
-        assert_eq!(utc(ticks[0]), "2026-01-01T00:00:01Z");
-        assert!(ticks.windows(2).all(|w| w[1] - w[0] == 1000));
-    }
-
-    #[test]
-    fn new_york_around_the_spring_and_autumn_changes() {
-        // 2026-03-08: 02:00 EST jumps to 03:00 EDT. A 02:30 daily job fires right after the
-        // gap, at 03:00 EDT (07:00Z); the day before at 02:30 EST (07:30Z), after at 06:30Z.
-        let e = entry("30 2 * * *", "America/New_York");
-        let got: Vec<_> = e
-            .ticks(ms("2026-03-07T00:00:00Z"), ms("2026-03-10T00:00:00Z"), 10)
-            .into_iter()
-            .map(utc)
-            .collect();
-        assert_eq!(
-            got,
-            [
-                "2026-03-07T07:30:00Z",
-                "2026-03-08T07:00:00Z",
-                "2026-03-09T06:30:00Z"
-            ]
-        );
-        // 2026-11-01: 02:00 EDT falls back to 01:00 EST. A 01:30 job fires once, at the first
-        // 01:30 (EDT, 05:30Z).
-        let e = entry("30 1 * * *", "America/New_York");
-        let got: Vec<_> = e
-            .ticks(ms("2026-10-31T12:00:00Z"), ms("2026-11-02T12:00:00Z"), 10)
-            .into_iter()
-            .map(utc)
-            .collect();
-        assert_eq!(got, ["2026-11-01T05:30:00Z", "2026-11-02T06:30:00Z"]);
-    }
-
-    #[test]
-    fn bad_schedules_are_named() {
-        let bad = |crons: &[&str], tz: &str| {
-            let s = Schedule {
-                crons: crons.iter().map(|c| c.to_string()).collect(),
-                tz: tz.into(),
-                missed: Missed::Skip,
-                paused: false,
-            };
-            parse(&s).err().unwrap()
-        };
-        assert!(bad(&["61 * * * *"], "UTC").contains("\"61 * * * *\""));
-        assert!(bad(&["* * * * *"], "Mars/Olympus").contains("unknown time zone"));
-        assert!(bad(&[], "UTC").contains("at least one"));
-    }
-
-    #[test]
-    fn latest_finds_the_tick_to_catch_up() {
-        let e = entry("0 9 * * *", "UTC");
-        assert_eq!(
-            e.latest(ms("2026-01-02T10:00:00Z")).map(utc).as_deref(),
-            Some("2026-01-02T09:00:00Z")
-        );
-        assert_eq!(
-            e.upcoming(ms("2026-01-02T10:00:00Z"), 2)
-                .into_iter()
-                .map(utc)
-                .collect::<Vec<_>>(),
-            ["2026-01-03T09:00:00Z", "2026-01-04T09:00:00Z"]
-        );
-    }
-}
+mod tests;

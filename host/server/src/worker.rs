@@ -2,8 +2,9 @@
 //! stream its logs and steps to the store, and end it with one fenced transition.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -16,28 +17,100 @@ use crate::App;
 
 /// Attempts in flight in this process, for lease renewal, cancellation and shutdown.
 #[derive(Default)]
-pub(crate) struct InFlight(Mutex<HashMap<RunId, (Lease, CancellationToken)>>);
+pub(crate) struct InFlight(Mutex<HashMap<RunId, Arc<Held>>>);
 
 impl InFlight {
-    fn leases(&self) -> Vec<Lease> {
-        self.0
-            .lock()
-            .unwrap()
-            .values()
-            .map(|(l, _)| l.clone())
-            .collect()
+    fn held(&self) -> Vec<Arc<Held>> {
+        self.0.lock().unwrap().values().cloned().collect()
+    }
+
+    fn get(&self, id: &str) -> Option<Arc<Held>> {
+        self.0.lock().unwrap().get(id).cloned()
     }
 
     /// Interrupts the attempt of run `id` if this process runs it: within one epoch tick,
     /// rather than at the next lease renewal.
     pub(crate) fn cancel(&self, id: &str) {
-        if let Some((_, c)) = self.0.lock().unwrap().get(id) {
-            c.cancel();
+        if let Some(h) = self.get(id) {
+            h.cancel.cancel();
         }
     }
 }
 
+/// One attempt this process runs: its lease, and what this process knows of it.
+///
+/// The store fences every write with the lease, but fencing only refuses the *record* of
+/// an effect, not the effect: a worker paused (SIGSTOP, a frozen VM, heavy swapping) past
+/// its lease would, on waking, start the next step body while another worker runs the
+/// same run. So each attempt also keeps a local deadline on this process's monotonic
+/// clock, which goes on while the process is stopped: the moment the lease was last
+/// granted or extended (taken *before* asking the store, so it is never late) plus the
+/// lease, minus a safety margin for clock drift between machines. Past it, the attempt
+/// starts nothing more (`Journal::ensure_owned`) and is abandoned.
+pub(crate) struct Held {
+    lease: Lease,
+    cancel: CancellationToken,
+    deadline: Mutex<Instant>,
+    /// The store said another attempt owns the run now (a renewal, a refused record).
+    lost: AtomicBool,
+    /// The attempt is recording its end: a renewal racing it finds the run ended, which
+    /// is no loss.
+    ending: AtomicBool,
+}
+
+/// The part of a lease this process counts on: the rest is the margin for clocks of
+/// different machines drifting apart and for the time between a check and the effect.
+pub(crate) fn trusted_lease(lease: Duration) -> Duration {
+    lease - lease / 5
+}
+
+impl Held {
+    fn new(lease: Lease, cancel: CancellationToken, granted: Instant, lease_len: Duration) -> Held {
+        Held {
+            lease,
+            cancel,
+            deadline: Mutex::new(granted + trusted_lease(lease_len)),
+            lost: AtomicBool::new(false),
+            ending: AtomicBool::new(false),
+        }
+    }
+
+    /// The store extended the lease at a moment no earlier than `asked`.
+    fn extended(&self, asked: Instant, lease_len: Duration) {
+        let mut d = self.deadline.lock().unwrap();
+        *d = (*d).max(asked + trusted_lease(lease_len));
+    }
+
+    fn lose(&self) {
+        self.lost.store(true, Ordering::SeqCst);
+        self.cancel.cancel();
+    }
+
+    fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    /// `Err(why)` once this process may no longer act for the run.
+    fn ensure_owned(&self) -> Result<(), String> {
+        if self.is_lost() {
+            return Err(LEASE_LOST.into());
+        }
+        let late = Instant::now().saturating_duration_since(*self.deadline.lock().unwrap());
+        if late > Duration::ZERO {
+            return Err(format!(
+                "this worker's lease on the run ran out {} ms ago by its own clock \
+                 (the process was paused or starved): another worker may hold the run now",
+                late.as_millis()
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// How long a worker with a backlog waits for more free slots before claiming.
+/// Why an attempt stops once another worker may own its run.
+const LEASE_LOST: &str = "the run's lease was lost: another worker took the run over";
+
 const CLAIM_GATHER: Duration = Duration::from_millis(2);
 
 pub async fn run(app: Arc<App>, shutdown: CancellationToken) {
@@ -73,6 +146,7 @@ pub async fn run(app: Arc<App>, shutdown: CancellationToken) {
             limit: free,
             lease_ms: app.config.lease.as_millis() as u64,
         };
+        let asked = Instant::now();
         let claimed = match app.store.claim(req).await {
             Ok(c) => {
                 store_errors = 0;
@@ -116,17 +190,22 @@ pub async fn run(app: Arc<App>, shutdown: CancellationToken) {
                     .await
                     .expect("semaphore is never closed"),
             };
-            let cancel = hard_stop.child_token();
+            let held = Arc::new(Held::new(
+                c.lease.clone(),
+                hard_stop.child_token(),
+                asked,
+                app.config.lease,
+            ));
             app.in_flight
                 .0
                 .lock()
                 .unwrap()
-                .insert(c.run.id.clone(), (c.lease.clone(), cancel.clone()));
+                .insert(c.run.id.clone(), held.clone());
             let (app, hard_stop) = (app.clone(), hard_stop.clone());
             let span = tracing::info_span!("attempt", run = %c.run.id, function = %c.run.function, attempt = c.run.attempt);
             attempts.spawn(async move {
                 let id = c.run.id.clone();
-                attempt(&app, c, cancel, &hard_stop).instrument(span).await;
+                attempt(&app, c, held, &hard_stop).instrument(span).await;
                 app.in_flight.0.lock().unwrap().remove(&id);
                 drop(permit);
             });
@@ -164,25 +243,43 @@ async fn renew_leases(app: Arc<App>, shutdown: CancellationToken, hard_stop: Can
             _ = tokio::time::sleep(every) => {}
             _ = hard_stop.cancelled() => return,
         }
-        let leases = app.in_flight.leases();
-        if leases.is_empty() {
+        let held = app.in_flight.held();
+        if held.is_empty() {
             if shutdown.is_cancelled() {
                 return;
             }
             continue;
         }
-        match app
+        let leases: Vec<Lease> = held.iter().map(|h| h.lease.clone()).collect();
+        let asked = Instant::now();
+        let renewal = match app
             .store
             .renew(&leases, app.config.lease.as_millis() as u64)
             .await
         {
-            Ok(lost) => {
-                for id in lost {
-                    tracing::warn!(run = %id, "lease lost; interrupting the attempt");
-                    app.in_flight.cancel(&id);
-                }
+            Ok(r) => r,
+            Err(e) => {
+                // Deadlines stay where they were: attempts stop starting effects once
+                // theirs passes, as they should when the lease cannot be kept.
+                tracing::warn!(error = %e, "lease renewal failed");
+                continue;
             }
-            Err(e) => tracing::warn!(error = %e, "lease renewal failed"),
+        };
+        for h in &held {
+            let id = &h.lease.run_id;
+            if renewal.lost.contains(id) {
+                if h.ending.load(Ordering::SeqCst) {
+                    // Its end was recorded while the renewal was on its way.
+                    continue;
+                }
+                tracing::warn!(run = %id, "lease lost: another worker took the run over; abandoning the attempt");
+                h.lose();
+            } else if renewal.cancelling.contains(id) {
+                tracing::info!(run = %id, "cancellation requested; interrupting the attempt");
+                h.cancel.cancel();
+            } else {
+                h.extended(asked, app.config.lease);
+            }
         }
     }
 }
@@ -194,7 +291,10 @@ async fn renew_leases(app: Arc<App>, shutdown: CancellationToken, hard_stop: Can
 struct StoreJournal {
     app: Arc<App>,
     tenant: String,
-    lease: Lease,
+    held: Arc<Held>,
+    /// Why the store refused something for a storage quota, if it did: the attempt then
+    /// fails for good with reason `storage_quota`, whatever the guest made of the refusal.
+    storage_refused: std::sync::Mutex<Option<String>>,
     pending: std::sync::Mutex<Pending>,
     /// Held while taking and writing pending records, so lines are stored in order.
     writing: tokio::sync::Mutex<()>,
@@ -209,6 +309,16 @@ struct Pending {
 }
 
 impl StoreJournal {
+    /// Notes a storage-quota refusal (see `storage_refused`).
+    fn refused(&self, e: &StoreError) {
+        if let StoreError::StorageQuota(msg) = e {
+            self.storage_refused
+                .lock()
+                .unwrap()
+                .get_or_insert_with(|| msg.clone());
+        }
+    }
+
     fn take(&self) -> Pending {
         std::mem::take(&mut *self.pending.lock().unwrap())
     }
@@ -217,22 +327,20 @@ impl StoreJournal {
     async fn flush_pending(&self) {
         let _order = self.writing.lock().await;
         let Pending { logs, progress } = self.take();
-        if !logs.is_empty()
-            && let Err(e) = with_retries(|| {
-                self.app
-                    .store
-                    .record(&self.lease, Record::Logs(logs.clone()))
-            })
-            .await
-        {
-            tracing::warn!(run = %self.lease.run_id, error = %e, "dropping log lines");
+        let lease = &self.held.lease;
+        if self.held.is_lost() {
+            // Nothing of an abandoned attempt is recorded.
+            return;
+        }
+        if !logs.is_empty() {
+            match with_retries(|| self.app.store.record(lease, Record::Logs(logs.clone()))).await {
+                Ok(()) => {}
+                Err(StoreError::LeaseLost(_)) => self.held.lose(),
+                Err(e) => tracing::warn!(run = %lease.run_id, error = %e, "dropping log lines"),
+            }
         }
         if let Some(p) = progress {
-            let _ = self
-                .app
-                .store
-                .record(&self.lease, Record::Progress(p))
-                .await;
+            let _ = self.app.store.record(lease, Record::Progress(p)).await;
         }
     }
 
@@ -275,9 +383,15 @@ impl Journal for StoreJournal {
             output: output.to_vec(),
             logs,
         };
-        with_retries(|| self.app.store.record(&self.lease, rec.clone()))
+        with_retries(|| self.app.store.record(&self.held.lease, rec.clone()))
             .await
-            .map_err(|e| format!("could not store step {name:?}: {e}"))
+            .map_err(|e| {
+                if let StoreError::LeaseLost(_) = e {
+                    self.held.lose();
+                }
+                self.refused(&e);
+                format!("could not store step {name:?}: {e}")
+            })
     }
 
     async fn send_event(
@@ -294,33 +408,53 @@ impl Journal for StoreJournal {
         };
         with_retries(|| self.app.store.send_event(req.clone()))
             .await
-            .map_err(|e| format!("could not send event {event:?}: {e}"))?;
+            .map_err(|e| {
+                self.refused(&e);
+                format!("could not send event {event:?}: {e}")
+            })?;
         self.app.wake.notify_one();
         Ok(())
     }
 
     async fn start_run(&self, function: &str, input: &[u8], key: &str) -> Result<String, String> {
+        // New work: refused while the store is nearly full (the attempt fails and is
+        // retried later; the store guard's reason says why).
+        if let Some(reason) = self.app.guard.refusing() {
+            return Err(format!("cannot start a run of {function:?} now: {reason}"));
+        }
         let req = EnqueueRequest {
             tenant: self.tenant.clone(),
             function: function.into(),
             input: input.to_vec(),
-            trigger: format!("child:{}", self.lease.run_id),
+            trigger: format!("child:{}", self.held.lease.run_id),
             due_at: None,
             idempotency_key: Some(key.into()),
             retry: None,
-            parent: Some(self.lease.run_id.clone()),
+            parent: Some(self.held.lease.run_id.clone()),
             priority: None,
         };
         let enqueued = with_retries(|| self.app.store.enqueue(req.clone()))
             .await
-            .map_err(|e| match e {
-                StoreError::NotFound(_) => {
-                    format!("cannot start a run of {function:?}: no such function")
+            .map_err(|e| {
+                self.refused(&e);
+                match e {
+                    StoreError::NotFound(_) => {
+                        format!("cannot start a run of {function:?}: no such function")
+                    }
+                    e => format!("cannot start a run of {function:?}: {e}"),
                 }
-                e => format!("cannot start a run of {function:?}: {e}"),
             })?;
         self.app.wake.notify_one();
         Ok(enqueued.run.id)
+    }
+
+    async fn load_step(&self, name: &str, occurrence: u32) -> Result<Vec<u8>, String> {
+        let id = &self.held.lease.run_id;
+        with_retries(|| self.app.store.step(&self.tenant, id, name, occurrence))
+            .await
+            .map_err(|e| format!("could not read step {name:?} #{occurrence}: {e}"))?
+            .map(|s| s.output)
+            .ok_or_else(|| format!("step {name:?} #{occurrence} vanished from the store"))
     }
 
     fn log(&self, line: LogLine) {
@@ -331,6 +465,10 @@ impl Journal for StoreJournal {
     fn progress(&self, progress: Progress) {
         self.pending.lock().unwrap().progress = Some(progress);
         self.flush.notify_one();
+    }
+
+    fn ensure_owned(&self) -> Result<(), String> {
+        self.held.ensure_owned()
     }
 }
 
@@ -418,17 +556,14 @@ fn host_line(attempt: u32, level: LogLevel, message: String) -> LogLine {
     }
 }
 
-async fn attempt(
-    app: &Arc<App>,
-    claimed: Claimed,
-    cancel: CancellationToken,
-    hard_stop: &CancellationToken,
-) {
+async fn attempt(app: &Arc<App>, claimed: Claimed, held: Arc<Held>, hard_stop: &CancellationToken) {
     let Claimed { run, lease, steps } = claimed;
+    let cancel = held.cancel.clone();
     let journal = Arc::new(StoreJournal {
         app: app.clone(),
         tenant: run.tenant.clone(),
-        lease: lease.clone(),
+        held: held.clone(),
+        storage_refused: Default::default(),
         pending: Default::default(),
         writing: Default::default(),
         flush: Default::default(),
@@ -474,7 +609,25 @@ async fn attempt(
         },
     };
 
+    let abandoned = match &result.outcome {
+        AttemptOutcome::Abandoned(why) => Some(why.clone()),
+        _ if held.is_lost() => Some(LEASE_LOST.to_owned()),
+        _ => None,
+    };
+    if let Some(why) = abandoned {
+        // Nothing of it is recorded: not its end (another attempt owns the run, or the
+        // store takes it back when the lease expires), nor its last log lines.
+        held.lose();
+        tracing::warn!("attempt abandoned: {why}");
+        app.metrics
+            .attempt(&run.tenant, "abandoned", result.duration);
+        journal.close();
+        let _ = flusher.await;
+        return;
+    }
     let outcome = match result.outcome {
+        // Returned above.
+        AttemptOutcome::Abandoned(_) => return,
         AttemptOutcome::Output(output) => {
             tracing::info!(duration = ?result.duration, fuel = result.fuel_used, "attempt succeeded");
             Outcome::Succeeded {
@@ -526,6 +679,15 @@ async fn attempt(
             }
         }
     };
+    // A storage quota refused a step, an event or a child run: the run cannot go on,
+    // and retrying would only hit the quota again.
+    let storage_refused = journal.storage_refused.lock().unwrap().take();
+    let outcome = match storage_refused {
+        Some(why) if !matches!(outcome, Outcome::Released) => {
+            storage_quota_failure(&journal, &run, why, result.fuel_used)
+        }
+        _ => outcome,
+    };
     let label = match &outcome {
         Outcome::Succeeded { .. } => "succeeded",
         Outcome::Failed {
@@ -540,7 +702,15 @@ async fn attempt(
     app.metrics.attempt(&run.tenant, label, result.duration);
     journal.close();
     let _ = flusher.await;
-    match finish_while_leased(app, &lease, &outcome).await {
+    held.ending.store(true, Ordering::SeqCst);
+    let mut ended = finish_while_leased(app, &lease, &outcome).await;
+    if let Err(StoreError::StorageQuota(why)) = &ended {
+        // The output did not fit: the run fails instead (an error is always stored).
+        let failed = storage_quota_failure(&journal, &run, why.clone(), result.fuel_used);
+        journal.flush_pending().await;
+        ended = finish_while_leased(app, &lease, &failed).await;
+    }
+    match ended {
         Ok(run) => {
             tracing::debug!(status = %run.status, "attempt recorded");
             // Its end may have resumed a run waiting for it, or it may be due again now.
@@ -555,6 +725,28 @@ async fn attempt(
         Err(e) => {
             tracing::error!(error = %e, "could not record the end of the attempt; the lease will expire and the run will be retried")
         }
+    }
+}
+
+/// The end of an attempt that hit a storage quota: failed for good, with the reason
+/// logged.
+fn storage_quota_failure(
+    journal: &StoreJournal,
+    run: &wasq_core::Run,
+    why: String,
+    fuel_used: u64,
+) -> Outcome {
+    let error = RunError::new(ErrorReason::StorageQuota, why);
+    tracing::warn!(error = %error, "attempt failed on a storage quota; not retried");
+    journal.log(host_line(
+        run.attempt,
+        LogLevel::Error,
+        format!("attempt {} failed: {error}; not retried", run.attempt),
+    ));
+    Outcome::Failed {
+        error,
+        retry_in_ms: None,
+        fuel_used: Some(fuel_used),
     }
 }
 

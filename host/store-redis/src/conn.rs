@@ -73,11 +73,19 @@ pub(crate) fn is_transient(e: &RedisError) -> bool {
         )
         || matches!(
             e.code(),
-            Some("BUSY" | "OOM" | "MISCONF" | "NOREPLICAS" | "LOADING" | "CLUSTERDOWN")
+            Some("BUSY" | "MISCONF" | "NOREPLICAS" | "LOADING" | "CLUSTERDOWN")
         )
 }
 
 pub(crate) fn redis_err(e: RedisError) -> StoreError {
+    // Out of memory is not an outage: it lasts until something is deleted, and it must be
+    // seen, not retried quietly.
+    if e.code() == Some("OOM") {
+        tracing::error!(error = %e, "Redis is out of memory (maxmemory): it refuses writes");
+        return StoreError::Full(format!(
+            "Redis is out of memory (used_memory reached maxmemory): {e}"
+        ));
+    }
     if is_transient(&e) {
         StoreError::Unavailable(format!("redis: {e}"))
     } else {

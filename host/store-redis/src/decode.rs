@@ -126,6 +126,8 @@ run_fields! {
     FINISHED_AT = "finished_at",
     LEASE_TOKEN = "lease_token",
     LEASE_EXPIRES_AT = "lease_expires_at",
+    SBYTES = "sbytes",
+    LBYTES = "lbytes",
     OUTPUT = "output",
 }
 
@@ -269,6 +271,8 @@ impl RunFields {
             updated_at: self.num(Field::UPDATED_AT)?,
             due_at: self.num(Field::DUE_AT)?,
             finished_at: self.opt_num(Field::FINISHED_AT)?,
+            stored_bytes: self.opt_num::<i64>(Field::SBYTES)?.unwrap_or(0).max(0) as u64,
+            log_bytes: self.opt_num::<i64>(Field::LBYTES)?.unwrap_or(0).max(0) as u64,
         })
     }
 
@@ -359,29 +363,68 @@ pub(crate) fn attempt(entry: &[u8]) -> Result<Attempt, StoreError> {
     Ok(attempt)
 }
 
-/// Steps in completion order: `order` holds `attempt|completed_at|occurrence:name`, and
-/// `outputs` maps `occurrence:name` to the output.
-pub(crate) fn steps(order: Value, outputs: Value) -> Result<Vec<StepRecord>, StoreError> {
+/// One entry of a run's step order: `attempt|completed_at|occurrence:name`, as
+/// (attempt, completed_at, field, occurrence, name).
+fn step_entry(entry: &str) -> Result<(u32, i64, &str, u32, &str), StoreError> {
+    let bad = || corrupt(format!("step entry {entry:?}"));
+    let mut p = entry.splitn(3, '|');
+    let attempt = p.next().and_then(|n| n.parse().ok()).ok_or_else(bad)?;
+    let completed_at = p.next().and_then(|n| n.parse().ok()).ok_or_else(bad)?;
+    let field = p.next().ok_or_else(bad)?;
+    let (occurrence, name) = field.split_once(':').ok_or_else(bad)?;
+    let occurrence = occurrence.parse().map_err(|_| bad())?;
+    Ok((attempt, completed_at, field, occurrence, name))
+}
+
+/// Steps for replay in completion order: `order` holds the step entries, `outputs` maps
+/// a field to its output for those that came inline.
+pub(crate) fn replay_steps(order: Value, outputs: Value) -> Result<Vec<ReplayStep>, StoreError> {
     let mut outputs = hash(outputs)?;
     array(order)?
         .into_iter()
         .map(|v| {
             let entry = string(v)?;
-            let bad = || corrupt(format!("step entry {entry:?}"));
-            let mut p = entry.splitn(3, '|');
-            let attempt = p.next().and_then(|n| n.parse().ok()).ok_or_else(bad)?;
-            let completed_at = p.next().and_then(|n| n.parse().ok()).ok_or_else(bad)?;
-            let key = p.next().ok_or_else(bad)?;
-            let (occurrence, name) = key.split_once(':').ok_or_else(bad)?;
-            Ok(StepRecord {
+            let (_, _, field, occurrence, name) = step_entry(&entry)?;
+            Ok(ReplayStep {
                 name: name.to_owned(),
-                occurrence: occurrence.parse().map_err(|_| bad())?,
-                output: outputs.remove(key).unwrap_or_default(),
-                attempt,
-                completed_at,
+                occurrence,
+                output: outputs.remove(field),
             })
         })
         .collect()
+}
+
+/// Steps as a run's detail lists them: step entries and the sizes of their outputs.
+pub(crate) fn step_infos(order: Value, sizes: Value) -> Result<Vec<StepInfo>, StoreError> {
+    let sizes = array(sizes)?;
+    array(order)?
+        .into_iter()
+        .zip(sizes)
+        .map(|(v, size)| {
+            let entry = string(v)?;
+            let (attempt, completed_at, _, occurrence, name) = step_entry(&entry)?;
+            Ok(StepInfo {
+                name: name.to_owned(),
+                occurrence,
+                attempt,
+                completed_at,
+                output_bytes: int(size)?.max(0) as u64,
+            })
+        })
+        .collect()
+}
+
+/// One step with its output, from its entry.
+pub(crate) fn step_record(entry: Value, output: Value) -> Result<StepRecord, StoreError> {
+    let entry = string(entry)?;
+    let (attempt, completed_at, _, occurrence, name) = step_entry(&entry)?;
+    Ok(StepRecord {
+        name: name.to_owned(),
+        occurrence,
+        output: bytes(output)?,
+        attempt,
+        completed_at,
+    })
 }
 
 /// The hash field a step is stored under.

@@ -13,8 +13,8 @@
 //! | `G dir:key:<id>` | hash | tenant, hmac, label, created_at, revoked_at |
 //! | `G dir:keys:<tenant>` | zset | key ids by creation time |
 //! | `G dir:audit`, `G dir:audit:<tenant>` | list | audit entries (JSON), newest first |
-//! | `P quotas` | hash | `max_running`, `max_queued`: copies of the tenant's quotas, for the tenant scripts (none: unlimited) |
-//! | `P usage` | hash | fuel, attempts |
+//! | `P quotas` | hash | `max_running`, `max_queued`, `max_stored_bytes`, `max_run_bytes`, `max_run_log_bytes`: copies of the tenant's quotas, for the tenant scripts (none: unlimited) |
+//! | `P usage` | hash | fuel, attempts, stored (bytes; see `wasq_core::storage`) |
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -154,7 +154,7 @@ impl RedisStore {
     }
 
     /// Copies the quotas the stores enforce into the tenant's slot, as plain fields the
-    /// enqueue and claim scripts read (`max_running`, `max_queued`).
+    /// tenant scripts read.
     async fn mirror_quotas(&self, tenant: &str, quotas: &Quotas) -> Result<(), StoreError> {
         let key = format!("{}quotas", self.tenant_prefix(tenant));
         let _: Value = self
@@ -164,7 +164,13 @@ impl RedisStore {
                     .arg("max_running")
                     .arg(quotas.max_running)
                     .arg("max_queued")
-                    .arg(quotas.max_queued),
+                    .arg(quotas.max_queued)
+                    .arg("max_stored_bytes")
+                    .arg(quotas.max_stored_bytes)
+                    .arg("max_run_bytes")
+                    .arg(quotas.max_run_bytes)
+                    .arg("max_run_log_bytes")
+                    .arg(quotas.max_run_log_bytes),
             )
             .await?;
         // A tenant held back by max_running may be startable now: republish its due time.
@@ -302,6 +308,11 @@ impl Directory for RedisStore {
         Ok(Usage {
             fuel: n("fuel"),
             attempts: n("attempts"),
+            // Never negative in practice; a counter driven below zero reads as none.
+            stored_bytes: h
+                .get("stored")
+                .and_then(|v| v.parse::<i64>().ok())
+                .map_or(0, |v| v.max(0) as u64),
         })
     }
 

@@ -69,6 +69,7 @@
 //! |---|---|---|
 //! | `N:component:<digest>` | string | component bytes, content-addressed, `SET NX` |
 //! | `G tenants` | set | every tenant that deployed a function (for purge and sweeps) |
+//! | `G components` | set | digests of deployed components (what `collect_components` may delete) |
 //! | `G due` | zset | tenant → its next due time (the global schedule) |
 //! | `G seq` | hash | tenant → sequence number of the last applied `due` update (Cluster) |
 //! | `G wake` | list | wake-up tokens for `wait_for_work` (BLPOP), at most 64 |
@@ -88,7 +89,8 @@
 //! | `P win:<gate>` | list | a throttle's last starts / a rate limit's last accepted runs (times, newest first, at most the limit) |
 //! | `P gtimer`, `P tcfg` | zset, hash | throttle gates with parked runs by when their window opens; their `limit\|period` |
 //! | `P deb` | hash | debounce gate → its pending run |
-//! | `P quotas` | hash | `max_running`, `max_queued` (see `directory.rs`) |
+//! | `P quotas` | hash | `max_running`, `max_queued`, the storage quotas (see `directory.rs`) |
+//! | `P rdig` | hash | component digest → runs that pin it (built once from the runs when missing: `meta.rdig`) |
 //! | `P leases` | zset | running runs by lease expiry |
 //! | `P timeouts` | zset | waiting runs with a time limit, by that limit |
 //! | `P all` | zset | every run by creation time (listing) |
@@ -173,6 +175,8 @@ struct Inner {
     last_sweep: std::sync::Mutex<Option<Instant>>,
     /// Cluster: a hint update failed; republish every tenant at the next claim.
     sweep_needed: AtomicBool,
+    /// When unreferenced components were last collected (see `collect_components`).
+    last_collect: std::sync::Mutex<Option<Instant>>,
     /// Functions' settings blobs (by `fn:` key), from which enqueue computes the flow
     /// arguments; the scripts compare the blob and answer `stale` when it changed.
     settings: std::sync::Mutex<std::collections::HashMap<String, Arc<FnSettings>>>,
@@ -188,6 +192,43 @@ struct FnSettings {
 
 /// Settings blobs cached at most (then the cache starts over).
 const SETTINGS_CACHE_MAX: usize = 10_000;
+
+/// How often a purge also collects unreferenced components, at most.
+const COLLECT_EVERY: Duration = Duration::from_secs(600);
+/// A component nobody read or wrote for this long, and nothing refers to, is deleted.
+const COLLECT_MIN_IDLE: Duration = Duration::from_secs(3600);
+
+/// What each record costs besides the bytes stored whole (see `wasq_core::storage`), as
+/// `MEMORY USAGE ... SAMPLES 0` counts the tenant's keys on Redis 7 (jemalloc, 64-bit):
+/// the hash fields, list entries and index entries around the payload. The scripts add
+/// each payload rounded as Redis allocates it (`mem` in `scripts.rs`) and the length of
+/// key names. Measured with `cargo bench -p wasq-bench --bench storage_cost`: N records of
+/// each kind of known payload through the real daemon, the growth of the tenant's keys
+/// divided by N, with a tenant past the sizes where Redis packs small collections (128
+/// entries), so every index is a skiplist or hashtable (a smaller tenant is overcounted a
+/// little; `tests/tests/storage_usage.rs` checks a mixed workload within 10%):
+/// - `run`: the run's hash (about 25 small fields beside the payload: ~1,950 bytes),
+///   its entries in `all`, `byfn:`, `st:` and `ended:` (~130 bytes each, the zset's hash
+///   table included), and its `att:` list's key (~180 bytes: nearly every run runs);
+/// - `attempt`: one entry of `att:` besides the worker name and error it holds;
+/// - `step`: the field in `steps:` and the entry in `stepseq:` (~30 bytes while the hash
+///   is packed, ~75 once a step output over 64 bytes or the 129th step unpacks it);
+/// - `log_line`: a list entry (the line is charged at its JSON length);
+/// - `event`: the id's entries in `events` and `evz` (~230 bytes with a 36-byte id);
+/// - `function`: its `fn:` hash (settings included), its entries in `fns` and `sub:`, and
+///   its component's key.
+pub(crate) const COST: CostModel = CostModel {
+    run: 2_350,
+    attempt: 50,
+    step: 40,
+    log_line: 5,
+    event: 160,
+    function: 1_100,
+};
+/// A run's own key (its `logs:`, `steps:` or `stepseq:`: the key's entry, name and an
+/// empty list or hash), charged when the run's first line or step creates it, besides
+/// the key name's prefix.
+pub(crate) const KEY_COST: u64 = 135;
 /// Times a transition is retried after its script found the function's settings changed.
 const STALE_RETRIES: usize = 16;
 
@@ -369,6 +410,7 @@ impl RedisStore {
                 wake: Arc::new(wake),
                 cursor: AtomicUsize::new(0),
                 last_sweep: std::sync::Mutex::new(None),
+                last_collect: std::sync::Mutex::new(None),
                 sweep_needed: AtomicBool::new(false),
                 settings: Default::default(),
                 parsed: Default::default(),
@@ -432,10 +474,9 @@ impl RedisStore {
         warnings
     }
 
-    /// The value of a setting on every node (every master of a Cluster).
-    async fn config_get(&self, name: &str) -> Result<Vec<String>, StoreError> {
-        let mut cmd = redis::cmd("CONFIG");
-        cmd.arg("GET").arg(name);
+    /// The replies of `cmd` on every node (every master of a Cluster), flattened into
+    /// their strings: map keys and values, array items, in order.
+    async fn on_every_node(&self, cmd: Cmd) -> Result<Vec<String>, StoreError> {
         let value = match &self.inner.conn {
             AnyConn::Cluster(c) => {
                 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
@@ -445,8 +486,7 @@ impl RedisStore {
             }
             _ => self.query::<Value>(&cmd).await?,
         };
-        // Flatten whatever shape came back (one reply, or one per node) and take the
-        // value after each occurrence of the name.
+        // Whatever shape came back: one reply, or one per node (keyed by node).
         fn flatten(v: Value, out: &mut Vec<String>) {
             match v {
                 Value::Array(items) | Value::Set(items) => {
@@ -457,12 +497,30 @@ impl RedisStore {
                     flatten(v, out)
                 }),
                 Value::BulkString(b) => out.push(String::from_utf8_lossy(&b).into_owned()),
+                Value::VerbatimString { text, .. } => out.push(text),
                 Value::SimpleString(s) => out.push(s),
                 _ => {}
             }
         }
         let mut flat = Vec::new();
         flatten(value, &mut flat);
+        Ok(flat)
+    }
+
+    /// `INFO memory` of every node, as raw text (node names in between are harmless: the
+    /// callers look for `name:value` lines).
+    async fn memory_info(&self) -> Result<Vec<String>, StoreError> {
+        let mut cmd = redis::cmd("INFO");
+        cmd.arg("memory");
+        self.on_every_node(cmd).await
+    }
+
+    /// The value of a setting on every node (every master of a Cluster).
+    async fn config_get(&self, name: &str) -> Result<Vec<String>, StoreError> {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("GET").arg(name);
+        let flat = self.on_every_node(cmd).await?;
+        // The value after each occurrence of the name.
         let values: Vec<String> = flat
             .windows(2)
             .filter(|w| w[0].eq_ignore_ascii_case(name))
@@ -602,7 +660,7 @@ impl RedisStore {
                 let (run, lease) = decode::RunFields::new(next()?)?
                     .ok_or_else(|| corrupt("claimed a missing run"))?
                     .claimed(&self.inner.parsed)?;
-                let steps = decode::steps(next()?, next()?)?;
+                let steps = decode::replay_steps(next()?, next()?)?;
                 Ok(Claimed { run, lease, steps })
             })
             .collect()
@@ -702,6 +760,13 @@ impl Store for RedisStore {
         let _: Value = self
             .query(redis::cmd("SADD").arg(self.g("tenants")).arg(&req.tenant))
             .await?;
+        let _: Value = self
+            .query(
+                redis::cmd("SADD")
+                    .arg(self.g("components"))
+                    .arg(&req.digest),
+            )
+            .await?;
         let mut args = Args::new()
             .s(&req.name)
             .s(&req.digest)
@@ -717,8 +782,10 @@ impl Store for RedisStore {
             args = args.s(e);
         }
         let (status, rest) = self.script(&scripts::DEPLOY, &req.tenant, args).await?;
-        if status != "ok" {
-            return Err(corrupt(format!("deploy answered {status}")));
+        match status.as_str() {
+            "ok" => {}
+            "storage" => return Err(storage_refusal(&req.tenant, "", &rest)),
+            other => return Err(corrupt(format!("deploy answered {other}"))),
         }
         let h = hash(rest.into_iter().next().unwrap_or(Value::Nil))?;
         decode::function(&req.tenant, &h)
@@ -774,7 +841,12 @@ impl Store for RedisStore {
                 .opt_n(req.retry.map(|r| r.max_attempts))
                 .s(req.parent.as_deref().unwrap_or(""))
                 .b(fs.blob.clone());
-            let args = flow_args(args, &plan, &id, req.parent.is_none())?;
+            let quota = if req.parent.is_none() {
+                QueueQuota::Enforce
+            } else {
+                QueueQuota::Child
+            };
+            let args = flow_args(args, &plan, &id, quota)?;
             let (status, mut rest) = self.script(&scripts::ENQUEUE, &req.tenant, args).await?;
             match status.as_str() {
                 "ok" => {}
@@ -787,6 +859,7 @@ impl Store for RedisStore {
                     let max = self.max_queued(&req.tenant).await;
                     return Err(queue_quota_exceeded(&req.tenant, max));
                 }
+                "storage" => return Err(storage_refusal(&req.tenant, &id, &rest)),
                 other => return Err(corrupt(format!("enqueue answered {other}"))),
             }
             self.published(&req.tenant, &mut rest).await?;
@@ -871,11 +944,17 @@ impl Store for RedisStore {
         }
     }
 
-    async fn renew(&self, leases: &[Lease], lease_ms: u64) -> Result<Vec<RunId>, StoreError> {
+    async fn renew(&self, leases: &[Lease], lease_ms: u64) -> Result<Renewal, StoreError> {
         let mut by_tenant: BTreeMap<&str, Vec<&Lease>> = BTreeMap::new();
         for l in leases {
             by_tenant.entry(l.tenant.as_str()).or_default().push(l);
         }
+        let ids = |v: Option<Value>| -> Result<Vec<String>, StoreError> {
+            array(v.unwrap_or(Value::Nil))?
+                .into_iter()
+                .map(string)
+                .collect()
+        };
         let calls = by_tenant.iter().map(|(tenant, leases)| async move {
             let mut args = Args::new().n(lease_ms);
             for l in leases {
@@ -886,20 +965,26 @@ impl Store for RedisStore {
                 return Err(corrupt(format!("renew answered {status}")));
             }
             self.published(tenant, &mut rest).await?;
-            array(rest.into_iter().next().unwrap_or(Value::Nil))?
-                .into_iter()
-                .map(string)
-                .collect::<Result<Vec<String>, _>>()
+            let mut rest = rest.into_iter();
+            Ok((ids(rest.next())?, ids(rest.next())?))
         });
-        let mut lost = HashSet::new();
+        let (mut lost, mut cancelling) = (HashSet::new(), HashSet::new());
         for r in futures_util::future::join_all(calls).await {
-            lost.extend(r?);
+            let (l, c) = r?;
+            lost.extend(l);
+            cancelling.extend(c);
         }
-        Ok(leases
-            .iter()
-            .filter(|l| lost.contains(&l.run_id))
-            .map(|l| l.run_id.clone())
-            .collect())
+        let pick = |set: &HashSet<String>| {
+            leases
+                .iter()
+                .filter(|l| set.contains(&l.run_id))
+                .map(|l| l.run_id.clone())
+                .collect()
+        };
+        Ok(Renewal {
+            lost: pick(&lost),
+            cancelling: pick(&cancelling),
+        })
     }
 
     async fn record(&self, lease: &Lease, record: Record) -> Result<(), StoreError> {
@@ -910,6 +995,14 @@ impl Store for RedisStore {
             }
             Ok(args)
         };
+        // The lines that mark a cut log, ready for the script to store if it cuts here.
+        let markers = |args: Args, lines: &[LogLine]| -> Result<Args, StoreError> {
+            let (attempt, at) = lines.first().map_or((0, 0), |l| (l.attempt, l.at));
+            let marker = |why| to_json(&wasq_core::storage::cut_marker(attempt, at, why));
+            Ok(args
+                .b(marker(wasq_core::storage::LogCut::Run)?)
+                .b(marker(wasq_core::storage::LogCut::Tenant)?))
+        };
         let args = match &record {
             Record::Step {
                 name,
@@ -917,16 +1010,19 @@ impl Store for RedisStore {
                 output,
                 logs,
             } => lines(
-                args.s("step")
-                    .s(decode::step_field(name, *occurrence))
-                    .b(output.clone()),
+                markers(
+                    args.s("step")
+                        .s(decode::step_field(name, *occurrence))
+                        .b(output.clone()),
+                    logs,
+                )?,
                 logs,
             )?,
-            Record::Logs(l) => lines(args.s("logs"), l)?,
+            Record::Logs(l) => lines(markers(args.s("logs"), l)?, l)?,
             Record::Progress(p) => args.s("progress").b(to_json(p)?),
         };
-        let (status, _) = self.script(&scripts::RECORD, &lease.tenant, args).await?;
-        lease_status(&status, lease)
+        let (status, rest) = self.script(&scripts::RECORD, &lease.tenant, args).await?;
+        lease_status(&status, lease, &rest)
     }
 
     async fn finish(&self, lease: &Lease, outcome: Outcome) -> Result<Run, StoreError> {
@@ -986,7 +1082,7 @@ impl Store for RedisStore {
             Outcome::Released => args.s("released"),
         };
         let (status, mut rest) = self.script(&scripts::FINISH, &lease.tenant, args).await?;
-        lease_status(&status, lease)?;
+        lease_status(&status, lease, &rest)?;
         self.published(&lease.tenant, &mut rest).await?;
         self.run_from(rest.into_iter().next().unwrap_or(Value::Nil), sent_output)
     }
@@ -1037,7 +1133,7 @@ impl Store for RedisStore {
             for (function, blob, plan) in &subscribers {
                 let id = uuid::Uuid::now_v7().to_string();
                 args = args.s(function).s(&id).b(blob.clone());
-                args = flow_args(args, plan, &id, false)?;
+                args = flow_args(args, plan, &id, QueueQuota::Checked)?;
             }
             let (status, mut rest) = self.script(&scripts::SEND_EVENT, &req.tenant, args).await?;
             match status.as_str() {
@@ -1049,21 +1145,14 @@ impl Store for RedisStore {
                     });
                 }
                 "match" => {
-                    let mut rest = rest.into_iter();
-                    let version = string(rest.next().ok_or_else(|| corrupt("short match"))?)?;
-                    let mut pairs = Vec::new();
-                    for w in array(rest.next().unwrap_or(Value::Nil))? {
-                        let mut w = array(w)?.into_iter();
-                        let mut next = || w.next().ok_or_else(|| corrupt("short waiter"));
-                        let (run, ver, wait) = (string(next()?)?, string(next()?)?, next()?);
-                        let wait: Wait = serde_json::from_slice(&decode::bytes(wait)?)
-                            .map_err(|e| corrupt(format!("wait: {e}")))?;
-                        if let WaitOn::Event { filter, .. } = &wait.on
-                            && event_matches(filter.as_deref(), &req.data)
-                        {
-                            pairs.push((run, ver));
-                        }
-                    }
+                    let version = string(
+                        rest.into_iter()
+                            .next()
+                            .ok_or_else(|| corrupt("short match"))?,
+                    )?;
+                    let pairs = self
+                        .matching_waiters(&req.tenant, &req.name, &req.data)
+                        .await?;
                     matched = Some((version, pairs));
                 }
                 "stale" => {
@@ -1073,6 +1162,7 @@ impl Store for RedisStore {
                     let max = self.max_queued(&req.tenant).await;
                     return Err(queue_quota_exceeded(&req.tenant, max));
                 }
+                "storage" => return Err(storage_refusal(&req.tenant, "", &rest)),
                 "ok" => {
                     self.published(&req.tenant, &mut rest).await?;
                     let mut rest = rest.into_iter();
@@ -1100,9 +1190,11 @@ impl Store for RedisStore {
     }
 
     async fn run(&self, tenant: &str, id: &str) -> Result<Option<RunDetail>, StoreError> {
-        let (status, rest) = self
-            .script(&scripts::GET, tenant, Args::new().s(id))
-            .await?;
+        let args = Args::new()
+            .s(id)
+            .n(wasq_core::storage::DETAIL_STEPS)
+            .n(wasq_core::storage::DETAIL_ATTEMPTS);
+        let (status, rest) = self.script(&scripts::GET, tenant, args).await?;
         if status == "not_found" {
             return Ok(None);
         }
@@ -1111,16 +1203,57 @@ impl Store for RedisStore {
         let run = decode::RunFields::new(next()?)?
             .ok_or_else(|| corrupt("run reply for a missing run"))?
             .run(&self.inner.parsed, None)?;
+        let attempts_total = int(next()?)?.max(0) as u64;
         let attempts = array(next()?)?
             .into_iter()
             .map(|v| decode::attempt(&decode::bytes(v)?))
             .collect::<Result<Vec<_>, _>>()?;
-        let steps = decode::steps(next()?, next()?)?;
+        let steps_total = int(next()?)?.max(0) as u64;
+        let steps = decode::step_infos(next()?, next()?)?;
         Ok(Some(RunDetail {
             run,
             attempts,
+            attempts_total,
             steps,
+            steps_total,
         }))
+    }
+
+    async fn steps(
+        &self,
+        tenant: &str,
+        id: &str,
+        skip: usize,
+        limit: usize,
+    ) -> Result<Vec<StepInfo>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let args = Args::new().s(id).n(skip).n(limit.min(i64::MAX as usize));
+        let (status, rest) = self.script(&scripts::STEPS, tenant, args).await?;
+        if status == "not_found" {
+            return Err(StoreError::NotFound(format!("run {id:?}")));
+        }
+        let mut rest = rest.into_iter();
+        let mut next = || rest.next().ok_or_else(|| corrupt("short steps reply"));
+        decode::step_infos(next()?, next()?)
+    }
+
+    async fn step(
+        &self,
+        tenant: &str,
+        id: &str,
+        name: &str,
+        occurrence: u32,
+    ) -> Result<Option<StepRecord>, StoreError> {
+        let args = Args::new().s(id).s(decode::step_field(name, occurrence));
+        let (status, rest) = self.script(&scripts::STEP, tenant, args).await?;
+        if status == "not_found" {
+            return Ok(None);
+        }
+        let mut rest = rest.into_iter();
+        let mut next = || rest.next().ok_or_else(|| corrupt("short step reply"));
+        decode::step_record(next()?, next()?).map(Some)
     }
 
     async fn runs(&self, q: RunQuery) -> Result<Vec<Run>, StoreError> {
@@ -1199,18 +1332,73 @@ impl Store for RedisStore {
             let (_, rest) = self.script(&scripts::PURGE, &tenant, args).await?;
             purged += int(rest.into_iter().next().unwrap_or(Value::Int(0)))? as usize;
         }
+        let due = {
+            let mut last = self
+                .inner
+                .last_collect
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let due = last.is_none_or(|t| t.elapsed() >= COLLECT_EVERY);
+            if due {
+                *last = Some(Instant::now());
+            }
+            due
+        };
+        if due {
+            let n = self.collect_components(COLLECT_MIN_IDLE).await?;
+            if n > 0 {
+                tracing::info!(components = n, "deleted components no function or run uses");
+            }
+        }
         Ok(purged)
     }
 
-    async fn logs(&self, tenant: &str, id: &str, skip: usize) -> Result<Vec<LogLine>, StoreError> {
+    async fn logs(
+        &self,
+        tenant: &str,
+        id: &str,
+        skip: usize,
+        limit: usize,
+    ) -> Result<Vec<LogLine>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
         let key = format!("{}logs:{id}", self.tenant_prefix(tenant));
+        let last = skip
+            .checked_add(limit - 1)
+            .and_then(|l| i64::try_from(l).ok())
+            .unwrap_or(-1);
         let lines: Vec<Vec<u8>> = self
-            .query(redis::cmd("LRANGE").arg(key).arg(skip).arg(-1))
+            .query(redis::cmd("LRANGE").arg(key).arg(skip).arg(last))
             .await?;
         lines
             .iter()
             .map(|l| serde_json::from_slice(l).map_err(|e| corrupt(format!("log line: {e}"))))
             .collect()
+    }
+
+    async fn capacity(&self) -> Result<Option<Capacity>, StoreError> {
+        // The fullest node decides: a tenant's keys all live on one.
+        let mut fullest: Option<Capacity> = None;
+        for info in self.memory_info().await? {
+            let field = |name: &str| {
+                info.lines()
+                    .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            };
+            let (Some(used), Some(limit)) = (field("used_memory"), field("maxmemory")) else {
+                continue;
+            };
+            if limit == 0 {
+                continue;
+            }
+            let node = Capacity { used, limit };
+            let ratio = |c: &Capacity| c.used as f64 / c.limit as f64;
+            if fullest.is_none_or(|f| ratio(&node) > ratio(&f)) {
+                fullest = Some(node);
+            }
+        }
+        Ok(fullest)
     }
 
     async fn wait_for_work(&self, max: Duration) -> Result<(), StoreError> {
@@ -1260,6 +1448,10 @@ impl RedisStore {
                 self.run_from(rest.into_iter().next().unwrap_or(Value::Nil), None)
             }
             "not_found" => Err(StoreError::NotFound(format!("run {id:?}"))),
+            "quota" => {
+                let max = self.max_queued(tenant).await;
+                Err(queue_quota_exceeded(tenant, max))
+            }
             "conflict" => Err(StoreError::Conflict(string(
                 rest.into_iter().next().unwrap_or(Value::Nil),
             )?)),
@@ -1268,7 +1460,46 @@ impl RedisStore {
     }
 }
 
+/// Waiters read per page when an event is matched.
+const WAITERS_PAGE: usize = 500;
+
 impl RedisStore {
+    /// The runs waiting for event `name` whose filter matches `data`, as (run, wait
+    /// version) pairs, read a page at a time so no reply holds every waiter.
+    async fn matching_waiters(
+        &self,
+        tenant: &str,
+        name: &str,
+        data: &serde_json::Value,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let mut seen = HashSet::new();
+        let mut pairs = Vec::new();
+        let mut cursor = "0".to_owned();
+        loop {
+            let args = Args::new().s(name).s(&cursor).n(WAITERS_PAGE);
+            let (_, rest) = self.script(&scripts::WAITERS, tenant, args).await?;
+            let mut rest = rest.into_iter();
+            cursor = string(rest.next().ok_or_else(|| corrupt("short waiters page"))?)?;
+            for w in array(rest.next().unwrap_or(Value::Nil))? {
+                let mut w = array(w)?.into_iter();
+                let mut next = || w.next().ok_or_else(|| corrupt("short waiter"));
+                let (run, ver, wait) = (string(next()?)?, string(next()?)?, next()?);
+                let wait: Wait = serde_json::from_slice(&decode::bytes(wait)?)
+                    .map_err(|e| corrupt(format!("wait: {e}")))?;
+                // SSCAN may return a member twice.
+                if let WaitOn::Event { filter, .. } = &wait.on
+                    && event_matches(filter.as_deref(), data)
+                    && seen.insert(run.clone())
+                {
+                    pairs.push((run, ver));
+                }
+            }
+            if cursor == "0" {
+                return Ok(pairs);
+            }
+        }
+    }
+
     /// The functions an event starts, in name order, with their settings blobs and the
     /// flow plan for the event's data.
     async fn subscribers(
@@ -1304,6 +1535,43 @@ impl RedisStore {
         self.claim_tenant(tenant, 0, &req, true).await.map(drop)
     }
 
+    /// Deletes the components no tenant's function or run uses any more and that nobody
+    /// read or wrote for `min_idle` (a deploy writes its component before the function
+    /// points to it: the idle time keeps a deploy under way from losing it). Only
+    /// components recorded in `G components` (by deploys) are considered. Returns how many.
+    pub async fn collect_components(&self, min_idle: Duration) -> Result<usize, StoreError> {
+        let mut in_use = HashSet::new();
+        for tenant in self.tenants().await? {
+            let (_, rest) = self.script(&scripts::DIGESTS, &tenant, Args::new()).await?;
+            for d in array(rest.into_iter().next().unwrap_or(Value::Nil))? {
+                in_use.insert(string(d)?);
+            }
+        }
+        let known: Vec<String> = self
+            .query(redis::cmd("SMEMBERS").arg(self.g("components")))
+            .await?;
+        let mut deleted = 0;
+        for digest in known.into_iter().filter(|d| !in_use.contains(d)) {
+            let key = format!("{}:component:{digest}", self.inner.ns);
+            // Unknown (an LFU eviction policy answers an error): keep it.
+            let Ok(idle) = self
+                .query::<Option<u64>>(redis::cmd("OBJECT").arg("IDLETIME").arg(&key))
+                .await
+            else {
+                continue;
+            };
+            if idle.is_some_and(|secs| Duration::from_secs(secs) < min_idle) {
+                continue;
+            }
+            let _: Value = self.query(redis::cmd("DEL").arg(&key)).await?;
+            let _: Value = self
+                .query(redis::cmd("SREM").arg(self.g("components")).arg(&digest))
+                .await?;
+            deleted += 1;
+        }
+        Ok(deleted)
+    }
+
     /// The tenant's `max_queued`, for the message of a refused enqueue.
     async fn max_queued(&self, tenant: &str) -> u64 {
         let key = format!("{}quotas", self.tenant_prefix(tenant));
@@ -1315,13 +1583,19 @@ impl RedisStore {
     }
 }
 
+/// Which `max_queued` an enqueue script applies to a new run.
+#[derive(Debug, Clone, Copy)]
+enum QueueQuota {
+    /// The tenant's `max_queued` (a run from the API, cron, an event).
+    Enforce,
+    /// [`wasq_core::child_queue_limit`] of it (a child run).
+    Child,
+    /// None here: the caller checked it for a whole batch (an event's subscribers).
+    Checked,
+}
+
 /// Appends the FLOW_ARGS flow arguments of run `id` (see `read_flow` in the scripts).
-fn flow_args(
-    args: Args,
-    plan: &FlowPlan,
-    id: &str,
-    enforce_quota: bool,
-) -> Result<Args, StoreError> {
+fn flow_args(args: Args, plan: &FlowPlan, id: &str, quota: QueueQuota) -> Result<Args, StoreError> {
     let gate = |g: &Option<Gate>| {
         g.as_ref()
             .map_or((String::new(), String::new(), String::new()), |g| {
@@ -1356,16 +1630,40 @@ fn flow_args(
         .b(flow::skipped_resolution(id, &rate_limited).to_bytes())
         .b(to_json(&debounced)?)
         .s(debounced.to_string())
-        .s(if enforce_quota { "1" } else { "0" });
+        .s(match quota {
+            QueueQuota::Enforce => "1",
+            QueueQuota::Child => "2",
+            QueueQuota::Checked => "0",
+        });
     Ok(args)
 }
 
-/// Maps the status word of a script that checked a lease.
-fn lease_status(status: &str, lease: &Lease) -> Result<(), StoreError> {
+/// Maps the status word of a script that checked a lease (and maybe a storage quota:
+/// `rest` holds the refusal then).
+fn lease_status(status: &str, lease: &Lease, rest: &[Value]) -> Result<(), StoreError> {
     match status {
         "ok" => Ok(()),
         "lease_lost" => Err(StoreError::LeaseLost(lease.run_id.clone())),
         "not_found" => Err(StoreError::NotFound(format!("run {}", lease.run_id))),
+        "storage" => Err(storage_refusal(&lease.tenant, &lease.run_id, rest)),
         other => Err(corrupt(format!("answered {other}"))),
+    }
+}
+
+/// A script's `storage` refusal (`kind`, bytes used, bytes asked, quota) as the error core
+/// words for it.
+fn storage_refusal(tenant: &str, run: &str, rest: &[Value]) -> StoreError {
+    let n = |i: usize| {
+        rest.get(i)
+            .cloned()
+            .map(int)
+            .and_then(Result::ok)
+            .unwrap_or(0)
+            .max(0) as u64
+    };
+    let (used, adding, max) = (n(1), n(2), n(3));
+    match rest.first().cloned().map(string) {
+        Some(Ok(kind)) if kind == "run" => wasq_core::storage::run_full(run, used, adding, max),
+        _ => wasq_core::storage::tenant_full(tenant, used, adding, max),
     }
 }

@@ -46,6 +46,93 @@ local FLOW_ARGS = @FLOW_ARGS@
 
 local function I(n) return string.format('%d', n) end
 local function runkey(id) return P .. 'run:' .. id end
+
+-- Storage accounting (wasq_core::storage): what each record costs besides the bytes
+-- stored whole (their length), from RedisStore's cost model; the quotas are the copies
+-- in `quotas` (none: unlimited). A run keeps its own bytes in `sbytes` and `lbytes`.
+-- KEY: a key of the run's own (its `logs:`, `steps:`, `stepseq:`), charged when the
+-- run's first line or step creates it. Key names count at their length (the tenant's
+-- prefix P varies); the constants are net of it.
+local C_RUN, C_ATT, C_STEP, C_LOG, C_EVENT, C_FN = @COSTS@
+local KEY = @KEY_COST@ + #P
+-- IDEM: an idempotency key's overhead besides the key itself (twice): the run's
+-- `idempotency_key` field and the entry in `idem:<function>` with its `created_at:id`.
+local IDEM = 130
+-- What a value of n bytes stored on its own (a hash field of a run, a component) really
+-- takes: its sds header and terminator, rounded up to jemalloc's size class (16-byte
+-- steps up to 128, then four classes per doubling), as MEMORY USAGE counts it. Values of
+-- 64 bytes or less count as they are: Redis packs them, or their rounding is in the
+-- per-record constants.
+local function mem(n)
+  if n <= 64 then return n end
+  local need = n + 4
+  if n >= 65536 then need = n + 10 elseif n >= 256 then need = n + 6 end
+  if need <= 128 then return math.ceil(need / 16) * 16 end
+  local p = 128
+  while p * 2 < need do p = p * 2 end
+  local class = p / 4
+  return math.ceil(need / class) * class
+end
+local INLINE = @INLINE@
+local function quota(name)
+  local q = redis.call('HGET', P .. 'quotas', name)
+  if q then return tonumber(q) end
+  return nil
+end
+local function stored() return tonumber(redis.call('HGET', P .. 'usage', 'stored') or '0') end
+-- Adds n bytes to the tenant's usage and, with an id, to the run's `field` (sbytes).
+local function charge(id, n, field)
+  if n == 0 then return end
+  redis.call('HINCRBY', P .. 'usage', 'stored', n)
+  if id then redis.call('HINCRBY', runkey(id), field or 'sbytes', n) end
+end
+-- nil when the tenant has room for n more bytes, else the reply refusing them.
+local function tenant_full(n)
+  local max = quota('max_stored_bytes')
+  local used = stored()
+  if max and used + n > max then return { 'storage', 'tenant', I(used), I(n), I(max) } end
+  return nil
+end
+-- nil when run `id` (used: its bytes so far) and its tenant have room for n more bytes.
+local function run_full(id, used, n)
+  local max = quota('max_run_bytes')
+  if max and used + n > max then return { 'storage', 'run', I(used), I(n), I(max) } end
+  return tenant_full(n)
+end
+local function run_bytes(id) return tonumber(redis.call('HGET', runkey(id), 'sbytes') or '0') end
+-- The run's fields that come and go (its latest error, output, the resolution its waiters
+-- receive, its wait, its progress): charged at their size when set (`move`,
+-- `blob_delta`), the old value given back; dropped with `drop_blobs`.
+local BLOBS = { error = true, output = true, resolution = true, wait = true, progress = true }
+local function blob_delta(rk, fields)
+  local d = 0
+  for i = 1, #fields, 2 do
+    if BLOBS[fields[i]] then
+      d = d + mem(#fields[i + 1]) - mem(redis.call('HSTRLEN', rk, fields[i]))
+    end
+  end
+  return d
+end
+local function drop_blobs(id, ...)
+  local rk = runkey(id)
+  local d = 0
+  for _, f in ipairs({ ... }) do
+    if BLOBS[f] then d = d - mem(redis.call('HSTRLEN', rk, f)) end
+  end
+  charge(id, d)
+  redis.call('HDEL', rk, ...)
+end
+
+-- An event id is kept twice (the dedup hash and its time index).
+local function event_cost(eid) return C_EVENT + 2 * #eid end
+-- Forgets up to `limit` event ids past their dedup window, giving back what they cost.
+local function forget_events(limit)
+  for _, old in ipairs(redis.call('ZRANGEBYSCORE', P .. 'evz', '-inf', NOW - WINDOW, 'LIMIT', 0, limit)) do
+    redis.call('ZREM', P .. 'evz', old)
+    redis.call('HDEL', P .. 'events', old)
+    charge(nil, -event_cost(old))
+  end
+end
 local TERMINAL = { succeeded = true, failed = true, cancelled = true, skipped = true }
 
 -- A run as replies carry it: the values of RUN_FIELDS (decode.rs), in order. Without its
@@ -59,13 +146,22 @@ end
 
 -- A claimed run and its steps. `nosteps`: the run's `nosteps` flag (set at creation,
 -- cleared by its first step), so a run without steps costs no reads of its step keys.
+-- Step outputs come along while they fit in INLINE bytes; the rest by reference.
 local function load_run(id, nosteps)
   if nosteps then return { run_fields(id), {}, {} } end
-  return {
-    run_fields(id),
-    redis.call('LRANGE', P .. 'stepseq:' .. id, 0, -1),
-    redis.call('HGETALL', P .. 'steps:' .. id),
-  }
+  local sk = P .. 'steps:' .. id
+  local order = redis.call('LRANGE', P .. 'stepseq:' .. id, 0, -1)
+  local outs, budget = {}, INLINE
+  for _, e in ipairs(order) do
+    local field = string.match(e, '^[^|]*|[^|]*|(.*)$')
+    local len = redis.call('HSTRLEN', sk, field)
+    if len <= budget then
+      budget = budget - len
+      outs[#outs + 1] = field
+      outs[#outs + 1] = redis.call('HGET', sk, field)
+    end
+  end
+  return { run_fields(id), order, outs }
 end
 
 -- Flow control (see lib.rs): due runs wait in the lane `q` by rank; a run its gate holds
@@ -132,6 +228,7 @@ local function move(id, status, fields, pre)
     redis.call('ZREM', P .. 'park:' .. r[6], id)
     redis.call('HDEL', rk, 'parked')
   end
+  charge(id, blob_delta(rk, fields))
   redis.call('HSET', rk, 'status', status, 'updated_at', I(NOW), unpack(fields))
   if status == 'queued' or status == 'sleeping' then
     local h = redis.call('HMGET', rk, 'due_at', 'rank_offset')
@@ -168,15 +265,60 @@ local function close_attempt(id, err, fuel, suspended)
   if last then
     last = string.match(last, '^[^\n]*')
     redis.call('LSET', ak, -1, last .. '\n' .. I(NOW) .. '|' .. fuel .. '|' .. suspended .. '|' .. err)
+    -- Never refused: a run over its quota must still be able to fail.
+    charge(id, #err)
   end
+end
+
+-- What a new step costs: its field twice (the hash and the order list) and its output;
+-- the run's first step creates both keys.
+local function step_cost(id, field, output)
+  local c = C_STEP + 2 * #field + mem(#output)
+  if redis.call('HEXISTS', runkey(id), 'nosteps') == 1 then c = c + 2 * KEY end
+  return c
 end
 
 -- Stores a step output; the first write wins.
 local function write_step(id, field, output, attempt)
-  if redis.call('HSETNX', P .. 'steps:' .. id, field, output) == 1 then
+  local sk = P .. 'steps:' .. id
+  if redis.call('HEXISTS', sk, field) == 0 then
+    charge(id, step_cost(id, field, output))
+    redis.call('HSET', sk, field, output)
     redis.call('RPUSH', P .. 'stepseq:' .. id, attempt .. '|' .. I(NOW) .. '|' .. field)
     redis.call('HDEL', runkey(id), 'nosteps')
   end
+end
+
+-- Appends log lines (ARGV[first..]) while the run's log budget (max_run_log_bytes) and
+-- the tenant's room last; past either, the marker line Rust made for that case, once,
+-- and nothing after it (`lcut`).
+local function append_logs(id, first, mrun, mtenant)
+  if first > #ARGV then return end
+  local rk = runkey(id)
+  local r = redis.call('HMGET', rk, 'lbytes', 'lcut')
+  if r[2] == '1' then return end
+  local used = tonumber(r[1] or '0')
+  local rmax, tmax = quota('max_run_log_bytes'), quota('max_stored_bytes')
+  local tused = stored()
+  local added, cut = 0, nil
+  -- The run's first line creates its list.
+  local key = 0
+  if redis.call('EXISTS', P .. 'logs:' .. id) == 0 then key = KEY end
+  for i = first, #ARGV do
+    local c = C_LOG + #ARGV[i] + key
+    if rmax and used + added + c > rmax then cut = mrun
+    elseif tmax and tused + added + c > tmax then cut = mtenant end
+    if cut then break end
+    redis.call('RPUSH', P .. 'logs:' .. id, ARGV[i])
+    added = added + c
+    key = 0
+  end
+  if cut then
+    redis.call('RPUSH', P .. 'logs:' .. id, cut)
+    redis.call('HSET', rk, 'lcut', '1')
+    added = added + C_LOG + #cut + key
+  end
+  charge(id, added, 'lbytes')
 end
 
 local function cancelled_resolution(id)
@@ -190,7 +332,7 @@ local function resolve_wait(id, resolution)
   local r = redis.call('HMGET', rk, 'wait_step', 'attempt')
   write_step(id, r[1], resolution, r[2])
   move(id, 'sleeping', { 'due_at', I(NOW) })
-  redis.call('HDEL', rk, 'wait', 'wait_event', 'wait_run', 'wait_step', 'wait_ver')
+  drop_blobs(id, 'wait', 'wait_event', 'wait_run', 'wait_step', 'wait_ver')
 end
 
 -- After run `id` ended: the runs waiting for it resume with its resolution. Returns how
@@ -239,11 +381,21 @@ local function read_flow(i)
   }
 end
 
+-- What a new run costs: the per-run overhead (with its `run:` and `att:` key names),
+-- everything its hash keeps whole, and its idempotency key.
+local function run_cost(input, trigger, settings, idem, retry, fl)
+  local c = C_RUN + 2 * #P + mem(#input) + mem(#trigger) + mem(#settings) + mem(#retry)
+    + mem(#fl.keys)
+  if idem ~= '' then c = c + 2 * mem(#idem) + IDEM end
+  return c
+end
+
 -- Creates a run of function `fname`, or returns the run created earlier with the same
 -- idempotency key within the window. `settings` is the function's settings blob Rust
 -- computed `fl` from. Applies the rate limit (the run is created skipped), debounce (the
--- pending run of the key is skipped) and the tenant's max_queued (when fl.enforce).
--- Returns id, created, error word ('not_found', 'stale', 'quota'), runs woken.
+-- pending run of the key is skipped), the tenant's max_queued (when fl.enforce) and its
+-- storage quotas. Returns id, created, error ('not_found', 'stale', 'quota', or a
+-- 'storage' reply), runs woken.
 local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max, parent, settings, fl)
   local f = redis.call('HMGET', P .. 'fn:' .. fname, 'digest', 'settings', 'max_attempts')
   if not f[1] then return nil, false, 'not_found', 0 end
@@ -272,14 +424,20 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
       if r[1] == 'queued' and r[2] == '0' then replaced = prev end
     end
   end
-  if status == 'queued' and fl.enforce == '1' then
+  -- fl.enforce: '1' the tenant's max_queued; '2' twice it (child runs, see
+  -- wasq_core::child_queue_limit); '0' none (checked by the caller).
+  if status == 'queued' and fl.enforce ~= '0' then
     local maxq = redis.call('HGET', P .. 'quotas', 'max_queued')
     local adding = 1
     if replaced then adding = 0 end
-    if maxq and redis.call('ZCARD', P .. 'st:queued') + adding > tonumber(maxq) then
+    if maxq and redis.call('ZCARD', P .. 'st:queued') + adding > tonumber(maxq) * tonumber(fl.enforce) then
       return nil, false, 'quota', 0
     end
   end
+  local cost = run_cost(input, trigger, f[2], idem, retry, fl)
+  if status == 'skipped' then cost = cost + mem(#fl.rerr) + mem(#fl.rres) end
+  local full = run_full(id, 0, cost)
+  if full then return nil, false, full, 0 end
   if idem ~= '' then redis.call('HSET', ik, idem, I(NOW) .. ':' .. id) end
   local woke = 0
   if replaced then
@@ -317,8 +475,12 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
     add('finished_at', I(NOW))
     add('resolution', fl.rres)
   end
+  add('sbytes', I(cost))
   if parent ~= '' then redis.call('ZADD', P .. 'kids:' .. parent, NOW, id) end
   redis.call('HSET', runkey(id), unpack(fields))
+  charge(nil, cost)
+  -- The component stays while a run pins it (see collect_components in lib.rs).
+  redis.call('HINCRBY', P .. 'rdig', f[1], 1)
   redis.call('ZADD', P .. 'all', NOW, id)
   redis.call('ZADD', P .. 'byfn:' .. fname, NOW, id)
   redis.call('ZADD', P .. 'st:' .. status, NOW, id)
@@ -413,7 +575,18 @@ end
 "#;
 
 fn tenant_script(body: &str) -> Script {
+    let c = crate::COST;
+    let costs = format!(
+        "{}, {}, {}, {}, {}, {}",
+        c.run, c.attempt, c.step, c.log_line, c.event, c.function
+    );
     let src = format!("{PRELUDE}\n{body}")
+        .replace("@COSTS@", &costs)
+        .replace("@KEY_COST@", &crate::KEY_COST.to_string())
+        .replace(
+            "@INLINE@",
+            &wasq_core::storage::INLINE_REPLAY_BYTES.to_string(),
+        )
         .replace("@APPLY_HINT@", APPLY_HINT)
         .replace("@WINDOW@", &IDEMPOTENCY_WINDOW_MS.to_string())
         .replace("@MAXLOST@", &MAX_LOST_LEASE_EXTRA_ATTEMPTS.to_string())
@@ -462,6 +635,15 @@ pub(crate) static DEPLOY: LazyLock<Script> = LazyLock::new(|| {
         r#"
 local name = ARGV[5]
 local fk = P .. 'fn:' .. name
+-- A function is charged its component's size: a replacement the difference.
+local was = redis.call('HGET', fk, 'size_bytes')
+local delta = C_FN + mem(tonumber(ARGV[7]))
+if was then delta = delta - C_FN - mem(tonumber(was)) end
+if delta > 0 then
+  local full = tenant_full(delta)
+  if full then return full end
+end
+charge(nil, delta)
 local old = redis.call('HGET', fk, 'events')
 if old then
   for _, e in ipairs(cjson.decode(old)) do redis.call('SREM', P .. 'sub:' .. e, name) end
@@ -490,6 +672,7 @@ pub(crate) static ENQUEUE: LazyLock<Script> = LazyLock::new(|| {
         r#"
 local id, created, err, woke = insert_run(ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10],
   ARGV[11], ARGV[12], ARGV[13], ARGV[14], read_flow(15))
+if type(err) == 'table' then return err end
 if err then return { err } end
 local wake = woke
 local r = redis.call('HMGET', runkey(id), 'due_at', 'status')
@@ -621,6 +804,7 @@ while #out < room and parks > 0 do
       'lease_expires_at', I(NOW + LEASE), 'worker', WORKER,
       'lease_token', I(tonumber(r[13] or '0') + 1) }}, r)
     redis.call('RPUSH', P .. 'att:' .. id, I(n) .. '|' .. I(NOW) .. '|' .. WORKER_JSON)
+    charge(id, C_ATT + #WORKER_JSON)
     out[#out + 1] = load_run(id, r[12] == '1')
   end
 end
@@ -641,7 +825,7 @@ pub(crate) static RENEW: LazyLock<Script> = LazyLock::new(|| {
     tenant_script(
         r#"
 local exp = I(NOW + tonumber(ARGV[5]))
-local lost = {}
+local lost, cancelling = {}, {}
 for i = 6, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local rk = runkey(id)
@@ -649,18 +833,21 @@ for i = 6, #ARGV, 2 do
   if r[1] == 'running' and r[2] == token and r[3] == '0' then
     redis.call('HSET', rk, 'lease_expires_at', exp)
     redis.call('ZADD', P .. 'leases', exp, id)
+  elseif r[1] == 'running' and r[2] == token then
+    cancelling[#cancelling + 1] = id
   else
     lost[#lost + 1] = id
   end
 end
 local pub = publish(0, false)
-return { 'ok', pub or false, lost }
+return { 'ok', pub or false, lost, cancelling }
 "#,
     )
 });
 
-/// ARGV[5..]: id, token, kind; 'step': field, attempt-independent output, then log lines;
-/// 'logs': log lines; 'progress': progress JSON.
+/// ARGV[5..]: id, token, kind; 'step': field, attempt-independent output, the two cut
+/// markers (run's log budget, tenant's quota), then log lines; 'logs': the two markers,
+/// then log lines; 'progress': progress JSON.
 pub(crate) static RECORD: LazyLock<Script> = LazyLock::new(|| {
     tenant_script(
         r#"
@@ -668,15 +855,25 @@ local id, kind = ARGV[5], ARGV[7]
 local bad = check_lease(id, ARGV[6])
 if bad then return { bad } end
 local rk = runkey(id)
-local first_log = 8
-if kind == 'step' then first_log = 10 end
 if kind == 'progress' then
+  -- Progress replaces itself (bounded by the sandbox): charged, never refused.
+  charge(id, blob_delta(rk, { 'progress', ARGV[8] }))
   redis.call('HSET', rk, 'progress', ARGV[8], 'updated_at', I(NOW))
-else
-  for i = first_log, #ARGV do redis.call('RPUSH', P .. 'logs:' .. id, ARGV[i]) end
+  return { 'ok' }
 end
+local first_log = 10
 if kind == 'step' then
-  write_step(id, ARGV[8], ARGV[9], redis.call('HGET', rk, 'attempt'))
+  first_log = 12
+  local field, output = ARGV[8], ARGV[9]
+  -- A step stored already (a replayed record) adds nothing; a new one must fit.
+  if redis.call('HEXISTS', P .. 'steps:' .. id, field) == 0 then
+    local full = run_full(id, run_bytes(id), step_cost(id, field, output))
+    if full then return full end
+  end
+  append_logs(id, first_log, ARGV[10], ARGV[11])
+  write_step(id, field, output, redis.call('HGET', rk, 'attempt'))
+else
+  append_logs(id, first_log, ARGV[8], ARGV[9])
 end
 return { 'ok' }
 "#,
@@ -701,6 +898,13 @@ local m = redis.call('HMGET', rk, 'status', 'created_at', 'wait_event', 'wait_ru
   'parked', 'lease_token', 'resumed', 'cancel_requested', 'attempt')
 if not m[1] then return { 'not_found' } end
 if m[1] ~= 'running' or m[7] ~= ARGV[6] then return { 'lease_lost' } end
+-- An output over a storage quota is refused before anything changes; the worker then
+-- fails the run (an error is always stored). It is kept twice, as the run's output and
+-- in the resolution its waiters receive, and charged by `move`.
+if KIND == 'succeeded' then
+  local full = run_full(ID, run_bytes(ID), mem(#ARGV[8]) + mem(#ARGV[10]))
+  if full then return full end
+end
 local r = { m[8], m[9], m[10] }
 local wake = 0
 -- The tenant's usage (billing): every ended execution, with the fuel it burned.
@@ -720,7 +924,7 @@ if r[2] == '1' and KIND ~= 'succeeded' then
 elseif KIND == 'succeeded' then
   close_attempt(ID, '', ARGV[9], '')
   move(ID, 'succeeded', { 'output', ARGV[8], 'finished_at', I(NOW), 'resolution', ARGV[10] }, m)
-  redis.call('HDEL', rk, 'error', 'lease_expires_at')
+  drop_blobs(ID, 'error', 'lease_expires_at')
 elseif KIND == 'failed' then
   close_attempt(ID, ARGV[8], ARGV[10], '')
   if ARGV[9] ~= '' then
@@ -762,7 +966,11 @@ elseif KIND == 'suspended' then
 else
   -- Released: put the run back exactly as it was claimed. A resumed sleeper stays a
   -- resume (same attempt); a fresh attempt is given back uncounted.
-  redis.call('RPOP', P .. 'att:' .. ID)
+  local att = redis.call('RPOP', P .. 'att:' .. ID)
+  if att then
+    local worker = string.match(att, '^[^|]*|[^|]*|(.*)$') or ''
+    charge(ID, -(C_ATT + #worker))
+  end
   if r[1] == '1' then
     move(ID, 'sleeping', { 'due_at', I(NOW) }, m)
   else
@@ -812,9 +1020,14 @@ if not r[1] then return { 'not_found' } end
 if r[1] ~= 'failed' and r[1] ~= 'cancelled' then
   return { 'conflict', 'run ' .. ID .. ' is ' .. r[1] .. ': only failed or cancelled runs can be retried' }
 end
+-- A retried run is queued like a new one: the tenant's max_queued applies.
+local maxq = redis.call('HGET', P .. 'quotas', 'max_queued')
+if maxq and redis.call('ZCARD', P .. 'st:queued') + 1 > tonumber(maxq) then
+  return { 'quota' }
+end
 redis.call('HINCRBY', rk, 'max_attempts', tonumber(r[2]))
 move(ID, 'queued', { 'due_at', I(NOW), 'cancel_requested', '0' })
-redis.call('HDEL', rk, 'finished_at', 'resolution')
+drop_blobs(ID, 'finished_at', 'resolution')
 local pub = publish(1, false)
 return { 'ok', pub or false, run_fields(ID) }
 "#,
@@ -828,8 +1041,9 @@ return { 'ok', pub or false, run_fields(ID) }
 /// FLOW_ARGS flow arguments. `stale` when the subscribers or their settings changed.
 ///
 /// Filters are matched in Rust with `wasq_core::event_matches`: the first call without
-/// a version returns the waiters (`match`) if there are any; the second carries the
-/// matches and the version they were computed at. The version grows with every waiter
+/// a version answers `match` with the version of the name's waiter set if there are
+/// waiters; Rust reads them a page at a time ([`WAITERS`], so no reply holds them all) and
+/// calls again with the matches and the version they were computed at. The version grows with every waiter
 /// registered for the name, so a waiter that arrived in between makes the script answer
 /// `match` again instead of missing it; waiters that left in between are skipped by
 /// re-checking their status and wait version.
@@ -843,12 +1057,8 @@ if seen and tonumber(seen) > NOW - WINDOW then return { 'dup' } end
 local wk = P .. 'waiters:' .. NAME
 local ver = redis.call('HGET', P .. 'waitver', NAME) or '0'
 if (EXPECTED == '' and redis.call('SCARD', wk) > 0) or (EXPECTED ~= '' and EXPECTED ~= ver) then
-  local ws = {}
-  for _, w in ipairs(redis.call('SMEMBERS', wk)) do
-    local r = redis.call('HMGET', runkey(w), 'status', 'wait_event', 'wait_ver', 'wait')
-    if r[1] == 'waiting' and r[2] == NAME then ws[#ws + 1] = { w, r[3], r[4] } end
-  end
-  return { 'match', ver, ws }
+  -- Rust reads the waiters a page at a time (WAITERS) and matches their filters.
+  return { 'match', ver }
 end
 local subs = redis.call('SMEMBERS', P .. 'sub:' .. NAME)
 table.sort(subs)
@@ -868,12 +1078,22 @@ local maxq = redis.call('HGET', P .. 'quotas', 'max_queued')
 if maxq and k > 0 and redis.call('ZCARD', P .. 'st:queued') + k > tonumber(maxq) then
   return { 'quota', maxq }
 end
+-- Storage: the event's dedup record and every run it starts, refused as a whole.
+local cost = event_cost(EID)
+local maxrun = quota('max_run_bytes')
+for i, fname in ipairs(subs) do
+  local o = sb + 1 + (i - 1) * stride
+  local c = run_cost(DATA, 'event:' .. NAME, ARGV[o + 2], 'event:' .. EID, '', read_flow(o + 3))
+  if maxrun and c > maxrun then return { 'storage', 'run', '0', I(c), I(maxrun) } end
+  cost = cost + c
+end
+local full = tenant_full(cost)
+if full then return full end
+if seen then charge(nil, -event_cost(EID)) end
 redis.call('HSET', P .. 'events', EID, I(NOW))
 redis.call('ZADD', P .. 'evz', NOW, EID)
-for _, old in ipairs(redis.call('ZRANGEBYSCORE', P .. 'evz', '-inf', NOW - WINDOW, 'LIMIT', 0, 100)) do
-  redis.call('ZREM', P .. 'evz', old)
-  redis.call('HDEL', P .. 'events', old)
-end
+charge(nil, event_cost(EID))
+forget_events(100)
 local wake = 0
 local started, resumed = {}, {}
 for i, fname in ipairs(subs) do
@@ -903,6 +1123,24 @@ return { 'ok', pub or false, started, resumed }
     )
 });
 
+/// ARGV[5..]: event name, SSCAN cursor, page size. A page of the runs waiting for the
+/// event: the next cursor ('0' at the end) and (run id, wait version, wait JSON) of those
+/// still waiting for it.
+pub(crate) static WAITERS: LazyLock<Script> = LazyLock::new(|| {
+    tenant_script(
+        r#"
+local name = ARGV[5]
+local page = redis.call('SSCAN', P .. 'waiters:' .. name, ARGV[6], 'COUNT', ARGV[7])
+local ws = {}
+for _, w in ipairs(page[2]) do
+  local r = redis.call('HMGET', runkey(w), 'status', 'wait_event', 'wait_ver', 'wait')
+  if r[1] == 'waiting' and r[2] == name then ws[#ws + 1] = { w, r[3], r[4] } end
+end
+return { 'ok', page[1], ws }
+"#,
+    )
+});
+
 /// ARGV[5..]: succeeded_before, failed_before, limit. Deletes ended runs with all they
 /// recorded; returns how many.
 pub(crate) static PURGE: LazyLock<Script> = LazyLock::new(|| {
@@ -912,7 +1150,12 @@ local LIMIT = tonumber(ARGV[7])
 local n = 0
 local function delete(id)
   local rk = runkey(id)
-  local r = redis.call('HMGET', rk, 'status', 'function', 'parent', 'idempotency_key')
+  local r = redis.call('HMGET', rk, 'status', 'function', 'parent', 'idempotency_key', 'sbytes',
+    'lbytes', 'digest')
+  charge(nil, -(tonumber(r[5] or '0') + tonumber(r[6] or '0')))
+  if r[7] and redis.call('HINCRBY', P .. 'rdig', r[7], -1) <= 0 then
+    redis.call('HDEL', P .. 'rdig', r[7])
+  end
   redis.call('ZREM', P .. 'all', id)
   redis.call('ZREM', P .. 'ended:ok', id)
   redis.call('ZREM', P .. 'ended:bad', id)
@@ -936,19 +1179,85 @@ for _, pair in ipairs({ { 'ended:ok', ARGV[5] }, { 'ended:bad', ARGV[6] } }) do
     end
   end
 end
+-- Event ids are only remembered for their dedup window.
+forget_events(LIMIT)
 return { 'ok', n }
 "#,
     )
 });
 
-/// ARGV[5]: id. A consistent read of one run: hash, attempts, step order, step outputs.
+/// ARGV[5..]: id, steps listed, executions listed. A consistent read of one run: its
+/// fields, executions in all and the latest ones, steps in all and the first ones with the
+/// sizes of their outputs (never the outputs).
 pub(crate) static GET: LazyLock<Script> = LazyLock::new(|| {
     tenant_script(
         r#"
 local id = ARGV[5]
 if redis.call('EXISTS', runkey(id)) == 0 then return { 'not_found' } end
-local r = load_run(id, false)
-return { 'ok', r[1], redis.call('LRANGE', P .. 'att:' .. id, 0, -1), r[2], r[3] }
+local ak, sk = P .. 'att:' .. id, P .. 'stepseq:' .. id
+local steps = redis.call('LRANGE', sk, 0, tonumber(ARGV[6]) - 1)
+local sizes = {}
+for i, e in ipairs(steps) do
+  sizes[i] = redis.call('HSTRLEN', P .. 'steps:' .. id, string.match(e, '^[^|]*|[^|]*|(.*)$'))
+end
+return { 'ok', run_fields(id), redis.call('LLEN', ak),
+  redis.call('LRANGE', ak, -tonumber(ARGV[7]), -1), redis.call('LLEN', sk), steps, sizes }
+"#,
+    )
+});
+
+/// ARGV[5..]: id, skip, limit. A page of a run's steps with the sizes of their outputs.
+pub(crate) static STEPS: LazyLock<Script> = LazyLock::new(|| {
+    tenant_script(
+        r#"
+local id = ARGV[5]
+if redis.call('EXISTS', runkey(id)) == 0 then return { 'not_found' } end
+local from = tonumber(ARGV[6])
+local steps = redis.call('LRANGE', P .. 'stepseq:' .. id, from, from + tonumber(ARGV[7]) - 1)
+local sizes = {}
+for i, e in ipairs(steps) do
+  sizes[i] = redis.call('HSTRLEN', P .. 'steps:' .. id, string.match(e, '^[^|]*|[^|]*|(.*)$'))
+end
+return { 'ok', steps, sizes }
+"#,
+    )
+});
+
+/// ARGV[5..]: id, step field. One step's order entry and output.
+pub(crate) static STEP: LazyLock<Script> = LazyLock::new(|| {
+    tenant_script(
+        r#"
+local id, field = ARGV[5], ARGV[6]
+local output = redis.call('HGET', P .. 'steps:' .. id, field)
+if not output then return { 'not_found' } end
+for _, e in ipairs(redis.call('LRANGE', P .. 'stepseq:' .. id, 0, -1)) do
+  if string.match(e, '^[^|]*|[^|]*|(.*)$') == field then return { 'ok', e, output } end
+end
+return { 'not_found' }
+"#,
+    )
+});
+
+/// The components the tenant's functions and runs use: its functions' digests, and the
+/// digests runs pin (`rdig`: digest → runs). A tenant whose `rdig` was never built (its
+/// runs predate it) gets it built first, from every run, once.
+pub(crate) static DIGESTS: LazyLock<Script> = LazyLock::new(|| {
+    tenant_script(
+        r#"
+if redis.call('HGET', P .. 'meta', 'rdig') ~= '1' then
+  redis.call('DEL', P .. 'rdig')
+  for _, id in ipairs(redis.call('ZRANGE', P .. 'all', 0, -1)) do
+    local d = redis.call('HGET', runkey(id), 'digest')
+    if d then redis.call('HINCRBY', P .. 'rdig', d, 1) end
+  end
+  redis.call('HSET', P .. 'meta', 'rdig', '1')
+end
+local out = redis.call('HKEYS', P .. 'rdig')
+for _, name in ipairs(redis.call('SMEMBERS', P .. 'fns')) do
+  local d = redis.call('HGET', P .. 'fn:' .. name, 'digest')
+  if d then out[#out + 1] = d end
+end
+return { 'ok', out }
 "#,
     )
 });

@@ -175,10 +175,15 @@ impl RedisServer {
         Err(last_err.unwrap_or_else(|| std::io::Error::other("redis-server did not start")))
     }
 
-    fn spawn(&mut self) -> std::io::Result<()> {
-        let log = std::fs::File::create(self.dir.join("redis.log"))?;
-        let mut child = Command::new(REDIS_SERVER)
-            .arg("--port")
+    /// `redis-server` on this port and folder with its arguments, `extra` for this start
+    /// only, logging to `redis.log` (appended: a restart keeps what came before).
+    fn command(&self, extra: &[&str]) -> std::io::Result<Command> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("redis.log"))?;
+        let mut cmd = Command::new(REDIS_SERVER);
+        cmd.arg("--port")
             .arg(self.port.to_string())
             .arg("--bind")
             .arg("127.0.0.1")
@@ -187,10 +192,15 @@ impl RedisServer {
             .arg("--daemonize")
             .arg("no")
             .args(&self.args)
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()?;
+            .stderr(log);
+        Ok(cmd)
+    }
+
+    fn spawn(&mut self) -> std::io::Result<()> {
+        let mut child = self.command(&[])?.spawn()?;
         let port = self.port;
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
@@ -252,6 +262,36 @@ impl RedisServer {
                 Err(e) => panic!("restart redis-server on port {}: {e}", self.port),
             }
         }
+    }
+
+    /// Starts the server again on the same port and directory with `extra` arguments for
+    /// this start only (e.g. `--key-load-delay`), and returns at once: the server may not
+    /// even listen yet, or still be loading its dataset. See [`RedisServer::wait_ready`].
+    pub fn restart_in_background(&mut self, extra: &[&str]) {
+        self.kill();
+        let child = self
+            .command(extra)
+            .and_then(|mut c| c.spawn())
+            .expect("spawn redis-server");
+        self.child = Some(child);
+    }
+
+    /// Waits until the server answers PING with PONG (not LOADING); panics after `within`.
+    pub fn wait_ready(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        while !pings(self.port) {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on port {} not ready within {within:?}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Whether the server answers `-LOADING` (it is loading its dataset).
+    pub fn is_loading(&self) -> bool {
+        raw_command(self.port, &["PING"]).is_ok_and(|r| r.starts_with("-LOADING"))
     }
 
     /// Freezes the server (SIGSTOP) for `pause`, then lets it go on (SIGCONT), in the

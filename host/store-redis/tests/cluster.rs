@@ -85,14 +85,15 @@ async fn tenants_spread_over_masters_and_all_runs_complete() {
         // a cancelled run is reported back.
         if let Some(first) = batch.first() {
             let leases: Vec<Lease> = batch.iter().map(|c| c.lease.clone()).collect();
-            assert!(store.renew(&leases, 30_000).await.unwrap().is_empty());
+            assert!(store.renew(&leases, 30_000).await.unwrap().all_held());
             if claims == 1 {
                 store
                     .cancel(&first.run.tenant, &first.run.id)
                     .await
                     .unwrap();
-                let lost = store.renew(&leases, 30_000).await.unwrap();
-                assert_eq!(lost, std::slice::from_ref(&first.run.id));
+                let renewal = store.renew(&leases, 30_000).await.unwrap();
+                assert_eq!(renewal.cancelling, std::slice::from_ref(&first.run.id));
+                assert!(renewal.lost.is_empty(), "{renewal:?}");
             }
         }
         for c in batch {

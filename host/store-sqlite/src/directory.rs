@@ -25,7 +25,9 @@ CREATE INDEX IF NOT EXISTS api_keys_by_tenant ON api_keys (tenant, created_at);
 CREATE TABLE IF NOT EXISTS tenant_usage (
     tenant   TEXT PRIMARY KEY,
     fuel     INTEGER NOT NULL DEFAULT 0,
-    attempts INTEGER NOT NULL DEFAULT 0
+    attempts INTEGER NOT NULL DEFAULT 0,
+    -- bytes the tenant keeps (see storage.rs); added to old files by `migrate`
+    stored   INTEGER NOT NULL DEFAULT 0
 );
 -- Append-only: nothing updates or deletes these rows.
 CREATE TABLE IF NOT EXISTS audit (
@@ -225,12 +227,13 @@ impl Directory for SqliteStore {
         self.tx(move |tx, _| {
             let usage = tx
                 .query_row(
-                    "SELECT fuel, attempts FROM tenant_usage WHERE tenant = ?1",
+                    "SELECT fuel, attempts, stored FROM tenant_usage WHERE tenant = ?1",
                     [tenant],
                     |r| {
                         Ok(Usage {
                             fuel: r.get::<_, i64>(0)? as u64,
                             attempts: r.get::<_, i64>(1)? as u64,
+                            stored_bytes: r.get::<_, i64>(2)?.max(0) as u64,
                         })
                     },
                 )

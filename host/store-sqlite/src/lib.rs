@@ -24,9 +24,11 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 use wasq_core::flow::{self, FlowPlan, Gate};
+use wasq_core::storage as storage_limits;
 use wasq_core::*;
 
 mod directory;
+mod storage;
 
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS components (
@@ -154,6 +156,39 @@ const FLOW_COLUMNS: &[(&str, &str)] = &[
     ("flow_keys", "TEXT"),
 ];
 
+/// Storage accounting (see `storage.rs`), added to `runs` on old files too; a file that
+/// lacked them is recounted once.
+const STORAGE_COLUMNS: &[(&str, &str)] = &[
+    ("stored_bytes", "INTEGER NOT NULL DEFAULT 0"),
+    ("log_bytes", "INTEGER NOT NULL DEFAULT 0"),
+    // 1 once log lines were dropped for the run's log budget (the marker line is stored)
+    ("logs_cut", "INTEGER NOT NULL DEFAULT 0"),
+];
+
+/// The run's columns that change after it was created (its latest error, its pinned
+/// settings on a manual retry, its progress and wait) are charged by a trigger, whatever
+/// statement changes them: the difference in bytes goes to the run and its tenant (see
+/// `storage.rs`), never refused (each is bounded where it is made).
+fn storage_schema() -> String {
+    let bytes = |row: &str| {
+        ["error", "settings", "progress", "wait"]
+            .map(|c| format!("COALESCE(length(CAST({row}.{c} AS BLOB)), 0)"))
+            .join(" + ")
+    };
+    let (new, old) = (bytes("NEW"), bytes("OLD"));
+    format!(
+        "CREATE TRIGGER IF NOT EXISTS runs_blob_bytes
+         AFTER UPDATE OF error, settings, progress, wait ON runs
+         WHEN {new} <> {old}
+         BEGIN
+             UPDATE runs SET stored_bytes = MAX(stored_bytes + ({new}) - ({old}), 0)
+             WHERE id = NEW.id;
+             UPDATE tenant_usage SET stored = MAX(stored + ({new}) - ({old}), 0)
+             WHERE tenant = NEW.tenant;
+         END;"
+    )
+}
+
 const FLOW_SCHEMA: &str = r#"
 DROP INDEX IF EXISTS runs_ready;
 CREATE INDEX IF NOT EXISTS runs_due ON runs (due_at)
@@ -222,7 +257,7 @@ const LANE_TENANTS_MAX: usize = 10_000;
 
 const RUN_COLUMNS: &str = "id, tenant, function, digest, settings, status, input, output, error, \
      attempt, trigger, progress, created_at, updated_at, due_at, finished_at, idempotency_key, \
-     parent, wait, priority, flow_keys";
+     parent, wait, priority, flow_keys, stored_bytes, log_bytes";
 
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
@@ -233,10 +268,23 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) the database file at `path`.
+    /// Opens (or creates) the database at `path`. A new database file is created owner-only
+    /// (0600), whatever the umask; SQLite gives its `-wal` and `-shm` files the database
+    /// file's mode, so they are born 0600 too.
     pub fn open(path: &Path, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
-        let conn = Connection::open(path)
-            .map_err(|e| StoreError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
+        let unavailable = |e: &dyn std::fmt::Display| {
+            StoreError::Unavailable(format!("cannot open {}: {e}", path.display()))
+        };
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .open(path)
+                .map_err(|e| unavailable(&e))?;
+        }
+        let conn = Connection::open(path).map_err(|e| unavailable(&e))?;
         Self::init(conn, clock)
     }
 
@@ -315,11 +363,35 @@ fn migrate(conn: &Connection) -> Result<(), StoreError> {
         let rows = stmt.query_map([], |r| r.get(0)).map_err(internal)?;
         rows.collect::<Result<_, _>>().map_err(internal)?
     };
-    for (name, decl) in FLOW_COLUMNS {
+    for (name, decl) in FLOW_COLUMNS.iter().chain(STORAGE_COLUMNS) {
         if !have.iter().any(|h| h == name) {
             conn.execute_batch(&format!("ALTER TABLE runs ADD COLUMN {name} {decl}"))
                 .map_err(internal)?;
         }
+    }
+    let usage_counted: bool = conn
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM pragma_table_info('tenant_usage') WHERE name = 'stored')",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(internal)?;
+    if !usage_counted {
+        conn.execute_batch("ALTER TABLE tenant_usage ADD COLUMN stored INTEGER NOT NULL DEFAULT 0")
+            .map_err(internal)?;
+    }
+    conn.execute_batch("CREATE INDEX IF NOT EXISTS runs_by_digest ON runs (digest);")
+        .map_err(internal)?;
+    let blobs_counted: bool = conn
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'trigger' AND name = 'runs_blob_bytes')",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(internal)?;
+    conn.execute_batch(&storage_schema()).map_err(internal)?;
+    if !have.iter().any(|h| h == "stored_bytes") || !usage_counted || !blobs_counted {
+        storage::recount(conn)?;
     }
     let counted: bool = conn
         .query_row(
@@ -341,6 +413,10 @@ fn migrate(conn: &Connection) -> Result<(), StoreError> {
 
 fn internal(e: rusqlite::Error) -> StoreError {
     match e {
+        rusqlite::Error::SqliteFailure(ref f, _) if f.code == rusqlite::ErrorCode::DiskFull => {
+            tracing::error!(error = %e, "the disk of the embedded store is full");
+            StoreError::Full(format!("the disk of the database is full: {e}"))
+        }
         rusqlite::Error::SqliteFailure(ref f, _)
             if matches!(
                 f.code,
@@ -393,6 +469,8 @@ fn run_from_row(row: &Row<'_>) -> rusqlite::Result<Run> {
         wait: opt_json(row.get(18)?)?,
         priority: row.get(19)?,
         keys: opt_json(row.get(20)?)?.unwrap_or_default(),
+        stored_bytes: row.get::<_, i64>(21)?.max(0) as u64,
+        log_bytes: row.get::<_, i64>(22)?.max(0) as u64,
     })
 }
 
@@ -437,21 +515,71 @@ fn load_run(tx: &Connection, id: &str) -> Result<Option<Run>, StoreError> {
     .map_err(internal)
 }
 
-fn load_steps(tx: &Connection, id: &str) -> Result<Vec<StepRecord>, StoreError> {
+/// A run's steps for replay: outputs inline while they fit in
+/// [`wasq_core::storage::INLINE_REPLAY_BYTES`], the rest by reference (read when the replay
+/// reaches them), so a claim never reads a run's big steps at once.
+fn replay_steps(tx: &Connection, id: &str) -> Result<Vec<ReplayStep>, StoreError> {
     let mut stmt = tx
         .prepare_cached(
-            "SELECT name, occurrence, output, attempt, completed_at FROM steps
-             WHERE run_id = ?1 ORDER BY rowid",
+            "SELECT name, occurrence, length(output) FROM steps WHERE run_id = ?1 ORDER BY rowid",
         )
         .map_err(internal)?;
+    let index: Vec<(String, u32, i64)> = stmt
+        .query_map([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .map_err(internal)?
+        .collect::<Result<_, _>>()
+        .map_err(internal)?;
+    let mut budget = wasq_core::storage::INLINE_REPLAY_BYTES as i64;
+    let mut steps = Vec::with_capacity(index.len());
+    for (name, occurrence, size) in index {
+        let output = if size <= budget {
+            budget -= size;
+            Some(step_output(tx, id, &name, occurrence)?.unwrap_or_default())
+        } else {
+            None
+        };
+        steps.push(ReplayStep {
+            name,
+            occurrence,
+            output,
+        });
+    }
+    Ok(steps)
+}
+
+fn step_output(
+    tx: &Connection,
+    id: &str,
+    name: &str,
+    occurrence: u32,
+) -> Result<Option<Vec<u8>>, StoreError> {
+    tx.prepare_cached(
+        "SELECT output FROM steps WHERE run_id = ?1 AND name = ?2 AND occurrence = ?3",
+    )
+    .map_err(internal)?
+    .query_row(params![id, name, occurrence], |r| r.get(0))
+    .optional()
+    .map_err(internal)
+}
+
+const STEP_INFO: &str = "SELECT name, occurrence, attempt, completed_at, length(output) FROM steps WHERE run_id = ?1 \
+     ORDER BY rowid LIMIT ?2 OFFSET ?3";
+
+fn step_infos(
+    tx: &Connection,
+    id: &str,
+    skip: usize,
+    limit: usize,
+) -> Result<Vec<StepInfo>, StoreError> {
+    let mut stmt = tx.prepare_cached(STEP_INFO).map_err(internal)?;
     let rows = stmt
-        .query_map([id], |r| {
-            Ok(StepRecord {
+        .query_map(params![id, limit as i64, skip as i64], |r| {
+            Ok(StepInfo {
                 name: r.get(0)?,
                 occurrence: r.get(1)?,
-                output: r.get(2)?,
-                attempt: r.get(3)?,
-                completed_at: r.get(4)?,
+                attempt: r.get(2)?,
+                completed_at: r.get(3)?,
+                output_bytes: r.get::<_, i64>(4)?.max(0) as u64,
             })
         })
         .map_err(internal)?;
@@ -498,12 +626,14 @@ fn close_attempt(
     error: Option<&RunError>,
     fuel_used: Option<u64>,
 ) -> Result<(), StoreError> {
-    close_execution(tx, &run.id, now, error, fuel_used, None)
+    close_execution(tx, run, now, error, fuel_used, None)
 }
 
+/// Ends the run's latest execution; its error (bounded by whoever made it) is charged to
+/// the run without a quota check, so a run over its quota can still fail.
 fn close_execution(
     tx: &Connection,
-    run_id: &str,
+    run: &Run,
     now: i64,
     error: Option<&RunError>,
     fuel_used: Option<u64>,
@@ -513,9 +643,12 @@ fn close_execution(
     tx.execute(
         "UPDATE attempts SET finished_at = ?2, error = ?3, fuel_used = ?4, suspended_until = ?5
          WHERE run_id = ?1 AND seq = (SELECT MAX(seq) FROM attempts WHERE run_id = ?1)",
-        params![run_id, now, error, fuel_used, suspended_until],
+        params![run.id, now, error, fuel_used, suspended_until],
     )
     .map_err(internal)?;
+    if let Some(e) = &error {
+        storage::charge(tx, &run.tenant, Some(&run.id), e.len() as i64)?;
+    }
     Ok(())
 }
 
@@ -643,9 +776,12 @@ fn insert_run(tx: &Connection, now: i64, req: EnqueueRequest) -> Result<Enqueued
             .map_err(internal)?,
         None => None,
     };
-    if req.parent.is_none() {
-        check_queue_quota(tx, &req.tenant, u64::from(replaced.is_none()))?;
-    }
+    check_queue_quota(
+        tx,
+        &req.tenant,
+        u64::from(replaced.is_none()),
+        req.parent.is_some(),
+    )?;
     if let Some(old) = replaced {
         skip_run(tx, &old, &flow::debounced_error(&id), now)?;
     }
@@ -701,19 +837,30 @@ impl NewRun<'_> {
             (Some(&g.id), Some(g.limit), Some(g.period_ms as i64))
         });
         let promoted = skipped.is_none() && due <= now;
+        let settings = to_json(self.settings)?;
+        // Everything the row keeps whole (the idempotency key twice: the row and its
+        // unique index); the rest is the per-run overhead.
+        let payload = req.input.len()
+            + req.trigger.len()
+            + settings.len()
+            + 2 * req.idempotency_key.as_ref().map_or(0, String::len)
+            + keys.as_ref().map_or(0, String::len)
+            + error.as_ref().map_or(0, String::len);
+        let cost = storage::COST.run(payload);
+        storage::check_run_keeping(tx, &req.tenant, self.id, 0, cost)?;
         tx.execute(
             "INSERT INTO runs (id, tenant, function, digest, settings, status, input, trigger,
                  created_at, updated_at, due_at, idempotency_key, parent, error, finished_at,
                  priority, rank_offset, rank, promoted, cgate, climit, tgate, tlimit, tperiod,
-                 dgate, flow_keys)
+                 dgate, flow_keys, stored_bytes)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13, ?14,
-                 ?15, ?16, ?10 + ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24)",
+                 ?15, ?16, ?10 + ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)",
             params![
                 self.id,
                 req.tenant,
                 req.function,
                 self.digest,
-                to_json(self.settings)?,
+                settings,
                 status.as_str(),
                 req.input,
                 req.trigger,
@@ -733,10 +880,11 @@ impl NewRun<'_> {
                 tperiod,
                 plan.debounce.as_ref().map(|g| &g.id),
                 keys,
+                cost as i64,
             ],
         )
         .map_err(internal)?;
-        Ok(())
+        storage::charge(tx, &req.tenant, None, cost as i64)
     }
 }
 
@@ -751,9 +899,14 @@ fn skip_run(tx: &Connection, id: &str, error: &RunError, now: i64) -> Result<(),
     resolve_waiters_of(tx, id, now)
 }
 
-/// Fails with the tenant's `max_queued` error unless it may queue `adding` more runs. A
-/// tenant without a record has no quotas.
-fn check_queue_quota(tx: &Connection, tenant: &str, adding: u64) -> Result<(), StoreError> {
+/// Fails with the tenant's `max_queued` error unless it may queue `adding` more runs (a
+/// child run up to [`child_queue_limit`]). A tenant without a record has no quotas.
+fn check_queue_quota(
+    tx: &Connection,
+    tenant: &str,
+    adding: u64,
+    child: bool,
+) -> Result<(), StoreError> {
     let Some(quotas) = tenant_quotas(tx, tenant)? else {
         return Ok(());
     };
@@ -766,7 +919,12 @@ fn check_queue_quota(tx: &Connection, tenant: &str, adding: u64) -> Result<(), S
         .optional()
         .map_err(internal)?
         .unwrap_or(0);
-    if queued.max(0) as u64 + adding > quotas.max_queued {
+    let limit = if child {
+        child_queue_limit(quotas.max_queued)
+    } else {
+        quotas.max_queued
+    };
+    if queued.max(0) as u64 + adding > limit {
         return Err(queue_quota_exceeded(tenant, quotas.max_queued));
     }
     Ok(())
@@ -1058,7 +1216,8 @@ fn lease_run(
         params![id, run.attempt, worker, now],
     )
     .map_err(internal)?;
-    let steps = load_steps(tx, id)?;
+    storage::charge(tx, &run.tenant, Some(id), storage::COST.attempt() as i64)?;
+    let steps = replay_steps(tx, id)?;
     Ok(Claimed {
         lease: Lease {
             tenant: run.tenant.clone(),
@@ -1132,11 +1291,20 @@ fn open_throttles(tx: &Connection, now: i64) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Appends log lines after the run's last one.
-fn append_logs(tx: &Connection, run_id: &str, lines: Vec<LogLine>) -> Result<(), StoreError> {
+/// Appends log lines after the run's last one, as many as its log budget and its
+/// tenant's storage quota take (then one marker line; the rest are dropped).
+fn append_logs(
+    tx: &Connection,
+    tenant: &str,
+    run_id: &str,
+    lines: Vec<LogLine>,
+) -> Result<(), StoreError> {
+    let fitted = storage::fit_logs(tx, tenant, run_id, lines)?;
+    let lines = fitted.lines;
     if lines.is_empty() {
         return Ok(());
     }
+    storage::charge_logs(tx, tenant, run_id, fitted.bytes as i64)?;
     let first: i64 = tx
         .query_row(
             "SELECT COALESCE(MAX(seq), -1) + 1 FROM logs WHERE run_id = ?1",
@@ -1165,22 +1333,27 @@ fn append_logs(tx: &Connection, run_id: &str, lines: Vec<LogLine>) -> Result<(),
     Ok(())
 }
 
-/// Stores a step output. First write wins: a step's output never changes once stored.
+/// Stores a step output and charges it to the run and its tenant. First write wins: a
+/// step's output never changes once stored (nor is it charged twice).
 fn write_step(
     tx: &Connection,
-    run_id: &str,
+    run: &Run,
     name: &str,
     occurrence: u32,
     output: &[u8],
-    attempt: u32,
     now: i64,
 ) -> Result<(), StoreError> {
-    tx.execute(
-        "INSERT INTO steps (run_id, name, occurrence, output, attempt, completed_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
-        params![run_id, name, occurrence, output, attempt, now],
-    )
-    .map_err(internal)?;
+    let stored = tx
+        .execute(
+            "INSERT INTO steps (run_id, name, occurrence, output, attempt, completed_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
+            params![run.id, name, occurrence, output, run.attempt, now],
+        )
+        .map_err(internal)?;
+    if stored > 0 {
+        let cost = storage::COST.step(name.len(), output.len());
+        storage::charge(tx, &run.tenant, Some(&run.id), cost as i64)?;
+    }
     Ok(())
 }
 
@@ -1193,13 +1366,13 @@ fn resolve_wait(
     resolution: &Resolution,
     now: i64,
 ) -> Result<(), StoreError> {
+    // Always stored, even past a quota: the waiting run must be able to go on and end.
     write_step(
         tx,
-        &run.id,
+        run,
         &wait.step,
         wait.occurrence,
         &resolution.to_bytes(),
-        run.attempt,
         now,
     )?;
     tx.execute(
@@ -1252,6 +1425,40 @@ fn waiting_runs(
     rows.collect::<Result<_, _>>().map_err(internal)
 }
 
+/// Runs waiting for events named `name`, after rowid `after`, a batch at a time (in rowid
+/// order, which the index keeps: no sort however many wait).
+fn waiting_for_event(
+    tx: &Connection,
+    tenant: &str,
+    name: &str,
+    after: i64,
+) -> Result<Vec<(i64, Run)>, StoreError> {
+    const BATCH: i64 = 500;
+    let rowids: Vec<i64> = {
+        let mut stmt = tx
+            .prepare_cached(
+                "SELECT rowid FROM runs INDEXED BY runs_waiting_event
+                 WHERE status = 'waiting' AND tenant = ?1 AND wait_event = ?2 AND rowid > ?3
+                 ORDER BY rowid LIMIT ?4",
+            )
+            .map_err(internal)?;
+        let rows = stmt
+            .query_map(params![tenant, name, after, BATCH], |r| r.get(0))
+            .map_err(internal)?;
+        rows.collect::<Result<_, _>>().map_err(internal)?
+    };
+    let mut stmt = tx
+        .prepare_cached(&format!("SELECT {RUN_COLUMNS} FROM runs WHERE rowid = ?1"))
+        .map_err(internal)?;
+    rowids
+        .into_iter()
+        .map(|rowid| {
+            let run = stmt.query_row([rowid], run_from_row).map_err(internal)?;
+            Ok((rowid, run))
+        })
+        .collect()
+}
+
 /// After run `id` ended: the runs waiting for it (`call`, `join`) resume with its result.
 fn resolve_waiters_of(tx: &Connection, id: &str, now: i64) -> Result<(), StoreError> {
     let Some(resolution) = load_run(tx, id)?.as_ref().and_then(run_resolution) else {
@@ -1278,6 +1485,15 @@ fn resolve_timeouts(tx: &Connection, now: i64) -> Result<(), StoreError> {
 impl Store for SqliteStore {
     async fn deploy(&self, req: DeployRequest) -> Result<Function, StoreError> {
         self.tx(move |tx, now| {
+            // A function is charged its component's size: replacing one charges the
+            // difference.
+            let old = load_function(tx, &req.tenant, &req.name)?
+                .map_or(0, |f| storage::COST.function(f.size_bytes));
+            let new = storage::COST.function(req.component.len() as u64);
+            if new > old {
+                storage::check_tenant(tx, &req.tenant, new - old)?;
+            }
+            storage::charge(tx, &req.tenant, None, new as i64 - old as i64)?;
             tx.execute(
                 "INSERT INTO components (digest, bytes, created_at) VALUES (?1, ?2, ?3)
                  ON CONFLICT (digest) DO NOTHING",
@@ -1373,10 +1589,10 @@ impl Store for SqliteStore {
         Ok(claimed)
     }
 
-    async fn renew(&self, leases: &[Lease], lease_ms: u64) -> Result<Vec<RunId>, StoreError> {
+    async fn renew(&self, leases: &[Lease], lease_ms: u64) -> Result<Renewal, StoreError> {
         let leases = leases.to_vec();
         self.tx(move |tx, now| {
-            let mut lost = vec![];
+            let mut renewal = Renewal::default();
             for lease in leases {
                 let n = tx
                     .execute(
@@ -1386,11 +1602,26 @@ impl Store for SqliteStore {
                         params![lease.run_id, lease.token, now + lease_ms as i64],
                     )
                     .map_err(internal)?;
-                if n == 0 {
-                    lost.push(lease.run_id);
+                if n > 0 {
+                    continue;
+                }
+                let cancelling = tx
+                    .query_row(
+                        "SELECT 1 FROM runs WHERE id = ?1 AND lease_token = ?2
+                             AND status = 'running' AND cancel_requested = 1",
+                        params![lease.run_id, lease.token],
+                        |_| Ok(()),
+                    )
+                    .optional()
+                    .map_err(internal)?
+                    .is_some();
+                if cancelling {
+                    renewal.cancelling.push(lease.run_id);
+                } else {
+                    renewal.lost.push(lease.run_id);
                 }
             }
-            Ok(lost)
+            Ok(renewal)
         })
         .await
     }
@@ -1406,10 +1637,15 @@ impl Store for SqliteStore {
                     output,
                     logs,
                 } => {
-                    append_logs(tx, &run.id, logs)?;
-                    write_step(tx, &run.id, &name, occurrence, &output, run.attempt, now)?;
+                    let exists = step_output(tx, &run.id, &name, occurrence)?.is_some();
+                    if !exists {
+                        let cost = storage::COST.step(name.len(), output.len());
+                        storage::check_run(tx, &run.tenant, &run.id, cost)?;
+                    }
+                    append_logs(tx, &run.tenant, &run.id, logs)?;
+                    write_step(tx, &run, &name, occurrence, &output, now)?;
                 }
-                Record::Logs(lines) => append_logs(tx, &run.id, lines)?,
+                Record::Logs(lines) => append_logs(tx, &run.tenant, &run.id, lines)?,
                 Record::Progress(p) => {
                     tx.execute(
                         "UPDATE runs SET progress = ?2, updated_at = ?3 WHERE id = ?1",
@@ -1455,6 +1691,9 @@ impl Store for SqliteStore {
             }
             match outcome {
                 Outcome::Succeeded { output, fuel_used } => {
+                    // Refused over a quota (nothing changes); the worker then fails the run.
+                    storage::check_run(tx, &run.tenant, &run.id, output.len() as u64)?;
+                    storage::charge(tx, &run.tenant, Some(&run.id), output.len() as i64)?;
                     close_attempt(tx, &run, now, None, fuel_used)?;
                     tx.execute(
                         "UPDATE runs SET status = 'succeeded', output = ?2, error = NULL,
@@ -1480,7 +1719,7 @@ impl Store for SqliteStore {
                 }
                 Outcome::Waiting { wait, .. } => {
                     let due = wait.until.unwrap_or(i64::MAX);
-                    close_execution(tx, &run.id, now, None, None, Some(due))?;
+                    close_execution(tx, &run, now, None, None, Some(due))?;
                     let (event, target) = match &wait.on {
                         WaitOn::Event { name, .. } => (Some(name.clone()), None),
                         WaitOn::Run { id } => (None, Some(id.clone())),
@@ -1504,7 +1743,7 @@ impl Store for SqliteStore {
                     }
                 }
                 Outcome::Suspended { until, .. } => {
-                    close_execution(tx, &run.id, now, None, None, Some(until))?;
+                    close_execution(tx, &run, now, None, None, Some(until))?;
                     tx.execute(
                         "UPDATE runs SET status = 'sleeping', due_at = ?2, updated_at = ?3,
                              lease_expires_at = NULL, worker = NULL
@@ -1520,6 +1759,7 @@ impl Store for SqliteStore {
                         [&run.id],
                     )
                     .map_err(internal)?;
+                    storage::charge(tx, &run.tenant, Some(&run.id), -(storage::COST.attempt() as i64))?;
                     // Put the run back exactly as it was claimed: a resumed sleeper stays
                     // a resume (same attempt), a fresh attempt is given back uncounted.
                     let (status, attempt) =
@@ -1572,6 +1812,7 @@ impl Store for SqliteStore {
                     run.status
                 )));
             }
+            check_queue_quota(tx, &tenant, 1, false)?;
             let mut settings = run.settings;
             settings.retry.max_attempts += run.attempt;
             tx.execute(
@@ -1597,11 +1838,18 @@ impl Store for SqliteStore {
                 return Ok(EventSent { id, accepted: false, ..EventSent::default() });
             }
             let data = req.data.to_string();
+            let cost = storage::COST.event(id.len(), req.name.len(), data.len());
+            storage::check_tenant(tx, &req.tenant, cost)?;
+            if seen.is_some() {
+                // Past its window the id is free again: the old record is replaced.
+                storage::forget_event(tx, &req.tenant, &id)?;
+            }
             tx.execute(
-                "INSERT OR REPLACE INTO events (tenant, id, name, data, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                "INSERT INTO events (tenant, id, name, data, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
                 params![req.tenant, id, req.name, data, now],
             )
             .map_err(internal)?;
+            storage::charge(tx, &req.tenant, None, cost as i64)?;
             let mut sent = EventSent { id: id.clone(), accepted: true, ..EventSent::default() };
             let subscribers: Vec<String> = {
                 let mut stmt = tx
@@ -1630,12 +1878,21 @@ impl Store for SqliteStore {
                 )?;
                 sent.started.push(started.run.id);
             }
-            for waiter in waiting_runs(tx, "tenant = ?1 AND wait_event IS NOT NULL", &req.tenant)? {
+            // Only the runs waiting for this name (an index seek), a batch at a time, so
+            // a tenant with many waiters on other names costs nothing here, and many on
+            // this name never sit in memory at once.
+            let mut after = 0;
+            loop {
+                let batch = waiting_for_event(tx, &req.tenant, &req.name, after)?;
+                let Some((last, _)) = batch.last() else { break };
+                after = *last;
+                for (_, waiter) in &batch {
                 let Some(wait) = &waiter.wait else { continue };
                 let WaitOn::Event { name, filter } = &wait.on else { continue };
                 if *name == req.name && event_matches(filter.as_deref(), &req.data) {
-                    resolve_wait(tx, &waiter, wait, &Resolution::Event { data: req.data.clone() }, now)?;
+                    resolve_wait(tx, waiter, wait, &Resolution::Event { data: req.data.clone() }, now)?;
                     sent.resumed.push(waiter.id.clone());
+                }
                 }
             }
             Ok(sent)
@@ -1649,15 +1906,26 @@ impl Store for SqliteStore {
             let Some(run) = load_run(tx, &id)?.filter(|r| r.tenant == tenant) else {
                 return Ok(None);
             };
-            let attempts = {
+            let count = |table: &str| -> Result<u64, StoreError> {
+                tx.query_row(
+                    &format!("SELECT COUNT(*) FROM {table} WHERE run_id = ?1"),
+                    [&id],
+                    |r| r.get::<_, i64>(0),
+                )
+                .map(|n| n.max(0) as u64)
+                .map_err(internal)
+            };
+            let attempts_total = count("attempts")?;
+            let mut attempts: Vec<Attempt> = {
+                // The latest executions, oldest first.
                 let mut stmt = tx
                     .prepare_cached(
                         "SELECT number, worker, started_at, finished_at, error, fuel_used, suspended_until
-                         FROM attempts WHERE run_id = ?1 ORDER BY seq",
+                         FROM attempts WHERE run_id = ?1 ORDER BY seq DESC LIMIT ?2",
                     )
                     .map_err(internal)?;
                 let rows = stmt
-                    .query_map([&id], |r| {
+                    .query_map(params![id, storage_limits::DETAIL_ATTEMPTS as i64], |r| {
                         Ok(Attempt {
                             number: r.get(0)?,
                             worker: r.get(1)?,
@@ -1671,12 +1939,62 @@ impl Store for SqliteStore {
                     .map_err(internal)?;
                 rows.collect::<Result<_, _>>().map_err(internal)?
             };
-            let steps = load_steps(tx, &id)?;
+            attempts.reverse();
+            let steps = step_infos(tx, &id, 0, storage_limits::DETAIL_STEPS)?;
             Ok(Some(RunDetail {
                 run,
                 attempts,
+                attempts_total,
                 steps,
+                steps_total: count("steps")?,
             }))
+        })
+        .await
+    }
+
+    async fn steps(
+        &self,
+        tenant: &str,
+        id: &str,
+        skip: usize,
+        limit: usize,
+    ) -> Result<Vec<StepInfo>, StoreError> {
+        let (tenant, id) = (tenant.to_owned(), id.to_owned());
+        self.tx(move |tx, _| {
+            tenant_run(tx, &tenant, &id)?;
+            step_infos(tx, &id, skip, limit)
+        })
+        .await
+    }
+
+    async fn step(
+        &self,
+        tenant: &str,
+        id: &str,
+        name: &str,
+        occurrence: u32,
+    ) -> Result<Option<StepRecord>, StoreError> {
+        let (tenant, id, name) = (tenant.to_owned(), id.to_owned(), name.to_owned());
+        self.tx(move |tx, _| {
+            if load_run(tx, &id)?.is_none_or(|r| r.tenant != tenant) {
+                return Ok(None);
+            }
+            tx.query_row(
+                "SELECT name, occurrence, output, attempt, completed_at FROM steps
+                 WHERE run_id = ?1 AND name = ?2 AND occurrence = ?3",
+                params![id, name, occurrence],
+                |r| {
+                    Ok(StepRecord {
+                        name: r.get(0)?,
+                        occurrence: r.get(1)?,
+                        output: r.get(2)?,
+                        attempt: r.get(3)?,
+                        completed_at: r.get(4)?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(internal)
         })
         .await
     }
@@ -1703,7 +2021,7 @@ impl Store for SqliteStore {
     }
 
     async fn purge(&self, req: PurgeRequest) -> Result<usize, StoreError> {
-        self.tx(move |tx, _| {
+        self.tx(move |tx, now| {
             let ids: Vec<String> = {
                 let mut stmt = tx
                     .prepare_cached(
@@ -1722,40 +2040,65 @@ impl Store for SqliteStore {
                 rows.collect::<Result<_, _>>().map_err(internal)?
             };
             for id in &ids {
+                let (tenant, bytes): (String, i64) = tx
+                    .query_row(
+                        "SELECT tenant, stored_bytes + log_bytes FROM runs WHERE id = ?1",
+                        [id],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .map_err(internal)?;
                 for table in ["steps", "logs", "attempts"] {
                     tx.execute(&format!("DELETE FROM {table} WHERE run_id = ?1"), [id])
                         .map_err(internal)?;
                 }
                 tx.execute("DELETE FROM runs WHERE id = ?1", [id])
                     .map_err(internal)?;
+                storage::charge(tx, &tenant, None, -bytes)?;
+            }
+            // Event ids are only remembered for their dedup window, and components only
+            // while a function or a run refers to them.
+            let events = storage::forget_old_events(tx, now - IDEMPOTENCY_WINDOW_MS, req.limit)?;
+            if !ids.is_empty() || events > 0 {
+                storage::collect_components(tx)?;
             }
             Ok(ids.len())
         })
         .await
     }
 
-    async fn logs(&self, tenant: &str, id: &str, skip: usize) -> Result<Vec<LogLine>, StoreError> {
+    async fn logs(
+        &self,
+        tenant: &str,
+        id: &str,
+        skip: usize,
+        limit: usize,
+    ) -> Result<Vec<LogLine>, StoreError> {
         let (tenant, id) = (tenant.to_owned(), id.to_owned());
         self.tx(move |tx, _| {
+            // A seek on the (run_id, seq) key, not an offset walk: seq counts from 0.
             let mut stmt = tx
                 .prepare_cached(
                     "SELECT l.attempt, l.at, l.level, l.source, l.message FROM logs l
                      JOIN runs r ON r.id = l.run_id
-                     WHERE l.run_id = ?1 AND r.tenant = ?2 ORDER BY l.seq LIMIT -1 OFFSET ?3",
+                     WHERE l.run_id = ?1 AND r.tenant = ?2 AND l.seq >= ?3
+                     ORDER BY l.seq LIMIT ?4",
                 )
                 .map_err(internal)?;
             let rows = stmt
-                .query_map(params![id, tenant, skip as i64], |r| {
-                    let level: String = r.get(2)?;
-                    let source: String = r.get(3)?;
-                    Ok(LogLine {
-                        attempt: r.get(0)?,
-                        at: r.get(1)?,
-                        level: from_json(&format!("\"{level}\""))?,
-                        source: from_json(&format!("\"{source}\""))?,
-                        message: r.get(4)?,
-                    })
-                })
+                .query_map(
+                    params![id, tenant, skip as i64, limit.min(i64::MAX as usize) as i64],
+                    |r| {
+                        let level: String = r.get(2)?;
+                        let source: String = r.get(3)?;
+                        Ok(LogLine {
+                            attempt: r.get(0)?,
+                            at: r.get(1)?,
+                            level: from_json(&format!("\"{level}\""))?,
+                            source: from_json(&format!("\"{source}\""))?,
+                            message: r.get(4)?,
+                        })
+                    },
+                )
                 .map_err(internal)?;
             rows.collect::<Result<_, _>>().map_err(internal)
         })
@@ -1818,6 +2161,21 @@ mod tests {
                 "SELECT at FROM flow_log WHERE tenant = ?1 AND gate = ?2 AND at > ?3
                  ORDER BY at DESC LIMIT 1 OFFSET ?4",
                 "flow_log_by_gate",
+            ),
+            // An event reads only the runs waiting for its name, in index order.
+            (
+                "SELECT rowid FROM runs INDEXED BY runs_waiting_event
+                 WHERE status = 'waiting' AND tenant = ?1 AND wait_event = ?2 AND rowid > ?3
+                 ORDER BY rowid LIMIT ?4",
+                "runs_waiting_event",
+            ),
+            // Paged log reads seek the run's lines.
+            (
+                "SELECT l.attempt, l.at, l.level, l.source, l.message FROM logs l
+                 JOIN runs r ON r.id = l.run_id
+                 WHERE l.run_id = ?1 AND r.tenant = ?2 AND l.seq >= ?3
+                 ORDER BY l.seq LIMIT ?4",
+                "sqlite_autoindex_logs_1 (run_id=? AND seq>?)",
             ),
         ] {
             let p = plan(&conn, sql);

@@ -188,6 +188,17 @@ impl Request {
         self
     }
 
+    /// Inside a step's body, adds an `idempotency-key` header with
+    /// [`step::idempotency_key`](crate::step::idempotency_key): the same on every run of
+    /// this step's body, so a server that honours the header performs the request once
+    /// even if the body runs again after its worker died. Outside a step, adds nothing.
+    pub fn idempotent(self) -> Self {
+        match crate::step::idempotency_key() {
+            Some(key) => self.header("idempotency-key", key),
+            None => self,
+        }
+    }
+
     /// Sets the body (a `content-length` header is added).
     pub fn body(mut self, body: impl Into<Vec<u8>>) -> Self {
         self.body = Some(body.into());

@@ -332,6 +332,9 @@ impl Journal for Lines {
     async fn start_run(&self, _: &str, _: &[u8], _: &str) -> Result<String, String> {
         Err("no".into())
     }
+    async fn load_step(&self, _: &str, _: u32) -> Result<Vec<u8>, String> {
+        Err("no stored steps here".into())
+    }
     fn log(&self, line: LogLine) {
         self.0.lock().unwrap().push(line.message);
     }
@@ -347,6 +350,7 @@ fn guard(allow: &[&str], loopback: bool, config: EgressConfig) -> (Guard, Arc<Li
         allow_loopback: loopback,
         deadline: Instant::now() + Duration::from_secs(30),
         logs: Arc::new(LogSink::new(lines.clone(), 1, 1 << 20, 10_000)),
+        ownership: crate::host::Ownership::new(lines.clone()),
     });
     (g, lines)
 }

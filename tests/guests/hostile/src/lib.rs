@@ -12,21 +12,35 @@
 //! - `random`: get-random-bytes(2^40) straight through the WASI import.
 //! - `sleep-forever`: std::thread::sleep(u64::MAX ms) blocked inside a host call.
 //! - `durable-sleep-forever`: a durable sleep of u64::MAX ms.
+//! - `big-steps`: `count` steps (default 100) of `size` bytes each (default 4,000,000), to
+//!   pile up storage (the run's `max_run_bytes`).
+//! - `log-and-fail`: `count` log lines (default 10,000), then a retryable error (the
+//!   run's log budget over all its attempts).
+//! - `fork`: invokes `count` children of function `child` (default `hostile`) that fork in
+//!   turn (the tenant's max_queued, for children).
+//! - `huge-event-name`: waits for an event named by `size` bytes (default 20,000,000).
+//! - `bad-event-name`: sends an event with a name the API would refuse, escape included.
 
 use std::hint::black_box;
 use std::time::Duration;
 use wasq_guest::bindings::wasi;
 use wasq_guest::serde::Deserialize;
 use wasq_guest::serde_json::{Value, json};
-use wasq_guest::{Error, info, step};
+use wasq_guest::{Error, events, info, runs, step};
 
 #[derive(Deserialize)]
 #[serde(crate = "wasq_guest::serde")]
 struct Input {
     attack: String,
-    /// Bytes of the string `huge-host-call` passes to host calls.
+    /// Bytes of the string `huge-host-call` passes to host calls; of each step (`big-steps`).
     #[serde(default)]
     size: Option<usize>,
+    /// How many steps, lines or children.
+    #[serde(default)]
+    count: Option<usize>,
+    /// The function `fork` invokes.
+    #[serde(default)]
+    child: Option<String>,
 }
 
 #[inline(never)]
@@ -93,6 +107,36 @@ fn hostile(input: Input) -> Result<Value, Error> {
         "durable-sleep-forever" => {
             step::sleep("forever", Duration::from_millis(u64::MAX));
             Ok(json!("woke"))
+        }
+        "big-steps" => {
+            let size = input.size.unwrap_or(4_000_000);
+            for i in 0..input.count.unwrap_or(100) {
+                step::run(&format!("big-{i}"), || Ok("s".repeat(size)))?;
+            }
+            Ok(json!("all steps stored"))
+        }
+        "log-and-fail" => {
+            for i in 0..input.count.unwrap_or(10_000) {
+                info!("line {i} of an attempt that fails");
+            }
+            Err(Error::retryable("failing on purpose"))
+        }
+        "fork" => {
+            let child = input.child.as_deref().unwrap_or("hostile");
+            for i in 0..input.count.unwrap_or(10) {
+                let me = json!({ "attack": "fork", "count": input.count, "child": child });
+                runs::invoke(&format!("fork-{i}"), child, &me)?;
+            }
+            Ok(json!("forked"))
+        }
+        "huge-event-name" => {
+            let name = "e".repeat(input.size.unwrap_or(20_000_000));
+            let got: Option<Value> = events::wait_for("huge", &name, None, None)?;
+            Ok(json!(got))
+        }
+        "bad-event-name" => {
+            events::send("bad", "bad name {x}:\x1b]0;OWNED\x07", &json!({}))?;
+            Ok(json!("sent"))
         }
         other => Err(Error::fatal(format!("unknown attack {other:?}"))),
     }

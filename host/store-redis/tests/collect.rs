@@ -1,0 +1,83 @@
+//! Redis forgets components nothing uses any more (issue 10, finding 11): a component
+//! stays while a function or a run of any tenant uses it, or while it was used lately, and
+//! goes once neither holds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use wasq_core::*;
+use wasq_store_redis::testing::{RedisOptions, RedisServer};
+use wasq_store_redis::{RedisStore, StoreOptions};
+
+fn deploy(tenant: &str, name: &str, digest: &str) -> DeployRequest {
+    DeployRequest {
+        tenant: tenant.into(),
+        name: name.into(),
+        digest: digest.into(),
+        component: format!("bytes of {digest}").into_bytes(),
+        settings: FunctionSettings::default(),
+        events: vec![],
+        schedule: None,
+    }
+}
+
+#[tokio::test]
+async fn unreferenced_components_are_collected() {
+    let redis = RedisServer::start(RedisOptions::default());
+    let clock = ManualClock::new(1_700_000_000_000);
+    let store = RedisStore::connect_with(
+        &redis.url(),
+        Arc::new(clock.clone()),
+        StoreOptions::default().with_namespace("gc"),
+    )
+    .await
+    .unwrap();
+    store.deploy(deploy("a", "f", "old")).await.unwrap();
+    store.deploy(deploy("b", "g", "shared")).await.unwrap();
+    store.deploy(deploy("a", "h", "shared")).await.unwrap();
+    let run = store
+        .enqueue(EnqueueRequest {
+            tenant: "a".into(),
+            function: "f".into(),
+            input: b"{}".to_vec(),
+            trigger: "api".into(),
+            ..EnqueueRequest::default()
+        })
+        .await
+        .unwrap()
+        .run;
+    // f moves on; its queued run still pins `old`.
+    store.deploy(deploy("a", "f", "new")).await.unwrap();
+    let none = Duration::ZERO;
+    assert_eq!(store.collect_components(none).await.unwrap(), 0);
+    assert!(store.component("old").await.unwrap().is_some());
+
+    store.cancel("a", &run.id).await.unwrap();
+    clock.advance(1_000);
+    let purge = PurgeRequest {
+        succeeded_before: clock.now_ms(),
+        failed_before: clock.now_ms(),
+        limit: 100,
+    };
+    assert_eq!(store.purge(purge).await.unwrap(), 1);
+    // Used a moment ago: kept for now.
+    assert_eq!(
+        store
+            .collect_components(Duration::from_secs(3600))
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(store.collect_components(none).await.unwrap(), 1);
+    assert!(
+        store.component("old").await.unwrap().is_none(),
+        "nothing uses it"
+    );
+    for kept in ["new", "shared"] {
+        assert!(store.component(kept).await.unwrap().is_some(), "{kept}");
+    }
+    // Tenant b's function keeps `shared` even when a's goes elsewhere.
+    store.deploy(deploy("a", "h", "new")).await.unwrap();
+    assert_eq!(store.collect_components(none).await.unwrap(), 0);
+    assert!(store.component("shared").await.unwrap().is_some());
+}
