@@ -5,29 +5,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::NoJournal;
 use tokio_util::sync::CancellationToken;
-use wasq_core::{Limits, LogLine, Progress};
+use wasq_core::Limits;
 use wasq_sandbox::{AttemptSpec, Journal, RunInfo, Sandbox, SandboxConfig};
-
-struct NoJournal;
-
-#[async_trait::async_trait]
-impl Journal for NoJournal {
-    async fn complete_step(&self, _: &str, _: u32, _: &[u8]) -> Result<(), String> {
-        Ok(())
-    }
-    async fn send_event(&self, _: &str, _: serde_json::Value, _: &str) -> Result<(), String> {
-        Ok(())
-    }
-    async fn start_run(&self, _: &str, _: &[u8], _: &str) -> Result<String, String> {
-        Err("the benchmark starts no runs".into())
-    }
-    async fn load_step(&self, _: &str, _: u32) -> Result<Vec<u8>, String> {
-        Err("no stored steps here".into())
-    }
-    fn log(&self, _: LogLine) {}
-    fn progress(&self, _: Progress) {}
-}
 
 fn spec(digest: &str, journal: Arc<dyn Journal>) -> AttemptSpec {
     AttemptSpec {

@@ -41,6 +41,25 @@ pub struct FlowArgs {
 }
 
 impl FlowArgs {
+    /// Takes every setting the command line left out from a manifest's `[deploy]`.
+    pub fn fill_from(&mut self, m: &crate::manifest::DeploySettings) {
+        let text = |flag: &mut Option<String>, from: &Option<String>| {
+            if flag.is_none() {
+                flag.clone_from(from);
+            }
+        };
+        text(&mut self.concurrency_key, &m.concurrency_key);
+        text(&mut self.throttle, &m.throttle);
+        text(&mut self.throttle_key, &m.throttle_key);
+        text(&mut self.rate_limit, &m.rate_limit);
+        text(&mut self.rate_limit_key, &m.rate_limit_key);
+        text(&mut self.debounce, &m.debounce);
+        text(&mut self.debounce_key, &m.debounce_key);
+        text(&mut self.priority_aging, &m.priority_aging);
+        self.concurrency_limit = self.concurrency_limit.or(m.concurrency_limit);
+        self.priority = self.priority.or(m.priority);
+    }
+
     /// The deploy query parameters.
     pub fn query(&self) -> Vec<(&'static str, String)> {
         let mut q = Vec::new();

@@ -9,8 +9,11 @@
 //! terminal: it is escaped and bounded field by field before printing ([`out`], [`views`]).
 
 mod client;
+mod deploy;
 mod flow;
+mod manifest;
 mod out;
+pub mod project;
 mod units;
 mod views;
 
@@ -68,8 +71,13 @@ enum Command {
     Server(ServerArgs),
     /// Execute runs from a shared Redis.
     Worker(WorkerArgs),
-    /// Upload a component (.wasm) as a named function, with its limits and retry policy.
-    Deploy(Box<DeployArgs>),
+    /// Create a task folder: a hello task with one step, the SDK, the WIT and wasq.toml.
+    Init(project::InitArgs),
+    /// Build the task in this folder as its wasq.toml says; prints the component's path and size.
+    Build(project::BuildArgs),
+    /// Upload a component as a named function, with its limits and retry policy (from the
+    /// task's wasq.toml when no FILE is given).
+    Deploy(Box<deploy::DeployArgs>),
     /// Start a run of a function.
     Run(RunArgs),
     /// Inspect runs.
@@ -90,6 +98,8 @@ enum Command {
     /// API keys of a tenant: create (shown once), list, revoke.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Print the WIT contract a task is written against (for binding another language).
+    Wit(project::WitArgs),
     /// The audit trail: uploads, key changes and manual actions, newest first.
     Audit {
         #[arg(long)]
@@ -317,74 +327,6 @@ enum Output {
 }
 
 #[derive(Debug, Args)]
-struct DeployArgs {
-    /// The component file (built for wasm32-wasip2).
-    file: PathBuf,
-    /// Function name (letters, digits, '-', '_', '.').
-    #[arg(long)]
-    name: String,
-    /// Wall-clock limit per attempt, e.g. 30s, 500ms, 2m.
-    #[arg(long, value_parser = units::parse_duration)]
-    timeout: Option<Duration>,
-    /// Fuel per attempt (about one unit per wasm instruction), e.g. 10000000000 or 1e10.
-    #[arg(long, value_parser = units::parse_count)]
-    fuel: Option<u64>,
-    /// Memory limit per attempt, e.g. 64MiB, 1GiB.
-    #[arg(long, value_parser = units::parse_size)]
-    memory: Option<u64>,
-    /// Attempts in all, the first included (1 = never retry).
-    #[arg(long)]
-    max_attempts: Option<u32>,
-    /// Delay before the first retry; doubles per retry.
-    #[arg(long, value_parser = units::parse_duration)]
-    backoff: Option<Duration>,
-    /// Longest delay between retries.
-    #[arg(long, value_parser = units::parse_duration)]
-    max_backoff: Option<Duration>,
-    /// How the delay grows between retries.
-    #[arg(long, value_enum)]
-    backoff_strategy: Option<BackoffStrategy>,
-    /// Use the exact delays (by default each is spread over [delay/2, delay]).
-    #[arg(long)]
-    no_jitter: bool,
-    /// Do not retry traps (timeout, fuel, memory, panic); the guest's retryable errors still are.
-    #[arg(long)]
-    no_retry_traps: bool,
-    /// Event names that start a run of the function, comma-separated.
-    #[arg(long)]
-    events: Option<String>,
-    /// Cron expressions that start runs, separated by ';' (5 fields, or 6 with seconds first).
-    #[arg(long)]
-    cron: Option<String>,
-    /// IANA time zone of the cron expressions (default UTC).
-    #[arg(long)]
-    tz: Option<String>,
-    /// Ticks missed while no server ran: skip them, or fire the latest once.
-    #[arg(long, value_enum)]
-    missed: Option<MissedPolicy>,
-    /// A host the function may send HTTP requests to; repeat for more. `api.example.com`,
-    /// `*.example.com` (every subdomain, not the apex) or an IP address. Default: none.
-    #[arg(long = "allow-host", value_name = "PATTERN")]
-    allow_hosts: Vec<String>,
-    #[command(flatten)]
-    flow: flow::FlowArgs,
-    #[arg(long, value_enum, default_value_t)]
-    output: Output,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum MissedPolicy {
-    Skip,
-    Latest,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum BackoffStrategy {
-    Exponential,
-    Fixed,
-}
-
-#[derive(Debug, Args)]
 struct RunArgs {
     /// Function name.
     function: String,
@@ -513,7 +455,10 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Dev(args) => dev(args, cli.admin_key.clone()).await,
         Command::Server(args) => server(args, cli.admin_key.clone()).await,
         Command::Worker(args) => worker(args).await,
-        Command::Deploy(args) => deploy(client()?, *args).await,
+        Command::Init(args) => project::init(args),
+        Command::Build(args) => project::build(args),
+        Command::Wit(args) => project::wit(args),
+        Command::Deploy(args) => deploy::deploy(client()?, *args).await,
         Command::Run(args) => run(client()?, args).await,
         Command::Runs(RunsCommand::List {
             function,
@@ -846,65 +791,6 @@ async fn stop_on_signal(shutdown: CancellationToken) {
     shutdown.cancel();
     let _ = tokio::signal::ctrl_c().await;
     std::process::exit(130);
-}
-
-async fn deploy(client: Client, args: DeployArgs) -> Result<ExitCode> {
-    let bytes = std::fs::read(&args.file)
-        .with_context(|| format!("cannot read {}", args.file.display()))?;
-    let mut query = vec![];
-    let ms = |d: Duration| d.as_millis().to_string();
-    query.extend(args.timeout.map(|d| ("timeout_ms", ms(d))));
-    query.extend(args.fuel.map(|f| ("fuel", f.to_string())));
-    query.extend(args.memory.map(|m| ("memory_bytes", m.to_string())));
-    query.extend(args.max_attempts.map(|n| ("max_attempts", n.to_string())));
-    query.extend(args.backoff.map(|d| ("initial_backoff_ms", ms(d))));
-    query.extend(args.max_backoff.map(|d| ("max_backoff_ms", ms(d))));
-    query.extend(args.backoff_strategy.map(|b| {
-        (
-            "backoff",
-            match b {
-                BackoffStrategy::Exponential => "exponential".to_owned(),
-                BackoffStrategy::Fixed => "fixed".to_owned(),
-            },
-        )
-    }));
-    if args.no_jitter {
-        query.push(("jitter", "false".into()));
-    }
-    if args.no_retry_traps {
-        query.push(("retry_traps", "false".into()));
-    }
-    query.extend(args.events.map(|e| ("events", e)));
-    query.extend(args.cron.map(|c| ("cron", c)));
-    query.extend(args.tz.map(|t| ("tz", t)));
-    query.extend(args.missed.map(|m| {
-        (
-            "missed",
-            match m {
-                MissedPolicy::Skip => "skip".to_owned(),
-                MissedPolicy::Latest => "latest".to_owned(),
-            },
-        )
-    }));
-    if !args.allow_hosts.is_empty() {
-        query.push(("allow_hosts", args.allow_hosts.join(",")));
-    }
-    query.extend(args.flow.query());
-    let path = format!("/v1/functions/{}", client::path_segment(&args.name));
-    let f = client.put_bytes(&path, &query, bytes).await?;
-    match args.output {
-        Output::Json => outln!("{}", out::json(&f, true)),
-        Output::Table => outln!(
-            "deployed {} (sha256:{}, {})",
-            out::field(&f["name"]),
-            out::line(
-                str_of(&f["digest"]).get(..12).unwrap_or_default(),
-                out::SHORT
-            ),
-            units::format_size(f["size_bytes"].as_u64().unwrap_or(0))
-        ),
-    }
-    Ok(ExitCode::SUCCESS)
 }
 
 async fn run(client: Client, args: RunArgs) -> Result<ExitCode> {
