@@ -38,6 +38,6 @@ fi
 # JavaScript tasks: componentize-js (pinned in every package.json) into tests/lang/js, which
 # also fills npm's cache, so that `npm install --offline` in a new task folder and in
 # guest-examples/js (what the tests do) finds every package without the network.
-if [ ! -x tests/lang/js/node_modules/.bin/componentize-js ] || [ ! -d ~/.npm/_cacache ]; then
+if [ ! -x tests/lang/js/node_modules/.bin/componentize-js ]; then
   npm install --prefix tests/lang/js --no-audit --no-fund --no-package-lock --silent
 fi
