@@ -203,3 +203,55 @@ pub async fn deploy(client: Client, mut args: DeployArgs) -> Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        deploy: DeployArgs,
+    }
+
+    #[test]
+    fn flags_override_the_manifest_and_fill_the_rest_from_it() {
+        let manifest = manifest::parse(
+            r#"
+name = "t"
+component = "t.wasm"
+[deploy]
+timeout = "30s"
+fuel = 1e9
+allow_hosts = ["a.example"]
+events = ["x", "y"]
+cron = ["0 9 * * *", "0 17 * * *"]
+jitter = false
+concurrency_limit = 2
+"#,
+        )
+        .unwrap();
+        let mut args =
+            Cli::parse_from(["t", "--timeout", "5s", "--allow-host", "b.example"]).deploy;
+        args.fill_from(&manifest.deploy);
+        let query = args.query();
+        let get = |k: &str| query.iter().find(|(q, _)| *q == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("timeout_ms"), Some("5000"), "the flag wins");
+        assert_eq!(
+            get("fuel"),
+            Some("1000000000"),
+            "the manifest fills the rest"
+        );
+        assert_eq!(get("allow_hosts"), Some("b.example"));
+        assert_eq!(get("events"), Some("x,y"));
+        assert_eq!(get("cron"), Some("0 9 * * *;0 17 * * *"));
+        assert_eq!(get("jitter"), Some("false"));
+        assert_eq!(get("concurrency_limit"), Some("2"));
+        assert_eq!(
+            get("max_attempts"),
+            None,
+            "unset stays unset: the server's default"
+        );
+    }
+}
