@@ -168,3 +168,61 @@ async fn a_new_c_task_builds_deploys_and_replays() {
 async fn a_new_js_task_builds_deploys_and_replays() {
     init_build_deploy_run(JS).await;
 }
+
+/// Each way a task folder can be wrong ends in exit 1 and one line that says what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_folder_mistakes_get_one_clear_line() {
+    let d = Daemon::start().await;
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path();
+    let fails = |args: &[&str], manifest: Option<&str>| {
+        if let Some(text) = manifest {
+            std::fs::write(dir.join("wasq.toml"), text).unwrap();
+        }
+        let (code, out, err) = run_cli(d.api.cli().current_dir(dir).args(args));
+        assert_eq!(code, 1, "wasq {args:?}: {out}\n{err}");
+        let last = err.lines().last().unwrap_or_default().to_owned();
+        assert!(last.starts_with("error: "), "{err}");
+        last
+    };
+
+    let e = fails(&["deploy"], None);
+    assert!(
+        e.contains("no wasq.toml in .") && e.contains("wasq init"),
+        "{e}"
+    );
+    let e = fails(&["build"], None);
+    assert!(e.contains("no wasq.toml"), "{e}");
+
+    let ok = "name = \"t\"\ncomponent = \"t.wasm\"\nbuild = \"exit 3\"\n";
+    let e = fails(&["build"], Some(&ok.replace("name", "nmae")));
+    assert!(e.contains("wasq.toml:1:") && e.contains("nmae"), "{e}");
+    let e = fails(
+        &["build"],
+        Some(&format!("{ok}[deploy]\nmemory = \"lots\"\n")),
+    );
+    assert!(e.contains("wasq.toml:5: memory: "), "{e}");
+    let e = fails(&["build"], Some(ok));
+    assert!(
+        e.contains("the build command failed (exit 3): exit 3"),
+        "{e}"
+    );
+    let e = fails(&["build"], Some(&ok.replace("exit 3", "true")));
+    assert!(e.contains("the build did not produce t.wasm"), "{e}");
+    let e = fails(&["build"], Some(&ok.replace("exit 3", "echo hi > t.wasm")));
+    assert!(
+        e.contains("t.wasm is not a WebAssembly component or module"),
+        "{e}"
+    );
+    std::fs::remove_file(dir.join("t.wasm")).unwrap();
+    let e = fails(&["deploy"], Some(ok));
+    assert!(
+        e.contains("t.wasm does not exist: build the task first"),
+        "{e}"
+    );
+    let e = fails(&["deploy", "x.wasm"], None);
+    assert!(e.contains("--name is required"), "{e}");
+    let e = fails(&["init", "--lang", "rust", "Bad_Name"], None);
+    assert!(e.contains("invalid task name"), "{e}");
+    d.stop().await;
+}
