@@ -132,8 +132,11 @@ async fn js_welcome_email_and_onboarding_flow() {
     let input = json!({"userId": 42, "email": "ada@example.com", "name": "Ada",
         "api": mailer.1, "pause": "2s", "activationTimeout": "1h"});
     let id = d.api.start_run("onboarding", &input.to_string()).await;
+    // (It also waits, earlier, on its `call` of send-welcome-email: not that wait.)
     d.api
-        .wait_until(&id, Duration::from_secs(60), |r| r["status"] == "waiting")
+        .wait_until(&id, Duration::from_secs(60), |r| {
+            r["status"] == "waiting" && r["wait"]["on"]["event"]["name"] == "user.activated"
+        })
         .await;
     for data in [json!({"user_id": 7}), json!({"user_id": 42, "plan": "pro"})] {
         let body = json!({"name": "user.activated", "data": data});
