@@ -67,18 +67,25 @@ pub fn status_line(run: &Value) -> String {
 
 pub fn runs(runs: &Value, output: Output) {
     print(runs, output, |runs| {
-        let mut t = table(&["ID", "FUNCTION", "STATUS", "ATTEMPT", "CREATED", "RESULT"]);
+        let mut t = table(&[
+            "ID", "FUNCTION", "STATUS", "ATTEMPT", "TRIGGER", "CREATED", "RESULT",
+        ]);
         for r in items(runs) {
-            let result = if r["error"].is_null() {
-                out::json_cell(&r["output"], 48)
-            } else {
-                out::field(&r["error"]["reason"])
+            // A failure shows why, not only its kind: "fatal: invalid email".
+            let result = match (
+                r["error"]["reason"].as_str(),
+                r["error"]["message"].as_str(),
+            ) {
+                (Some(reason), Some(message)) => out::line(&format!("{reason}: {message}"), 60),
+                _ if !r["error"].is_null() => out::json_cell(&r["error"], 60),
+                _ => out::json_cell(&r["output"], 48),
             };
             t.add_row(vec![
                 out::field(&r["id"]),
                 out::field(&r["function"]),
                 out::field(&r["status"]),
                 out::field(&r["attempt"]),
+                out::line(r["trigger"].as_str().unwrap_or_default(), 28),
                 time(&r["created_at"]),
                 result,
             ]);

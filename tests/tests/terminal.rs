@@ -355,3 +355,23 @@ async fn a_closed_pipe_ends_the_cli_quietly() {
     }
     d.stop().await;
 }
+
+/// `runs list` says why a run failed and what started it, not only the failure's kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_list_shows_the_failure_message_and_the_trigger() {
+    let d = Daemon::start().await;
+    d.api.deploy("fail", guest("fail"), "max_attempts=1").await;
+    let input = json!({"kind": "fatal", "message": "invalid email \"nope\""}).to_string();
+    let id = d.api.start_run("fail", &input).await;
+    d.api.wait_run(&id, WAIT).await;
+    let out = cli_ok("runs list", d.api.cli().args(["runs", "list"]));
+    let header = out.lines().next().unwrap_or_default();
+    assert!(
+        header.contains("TRIGGER") && header.contains("RESULT"),
+        "{out}"
+    );
+    let row = out.lines().find(|l| l.contains(&id)).unwrap_or_default();
+    assert!(row.contains(" api "), "{out}");
+    assert!(row.contains(r#"fatal: invalid email "nope""#), "{out}");
+    d.stop().await;
+}
