@@ -26,22 +26,22 @@ pub struct DeployArgs {
     /// Flags given here override its `[deploy]` settings.
     #[arg(long, value_name = "PATH")]
     manifest: Option<PathBuf>,
-    /// Wall-clock limit per attempt, e.g. 30s, 500ms, 2m.
+    /// Wall-clock limit per attempt, e.g. 30s, 500ms, 2m [server default: 30s].
     #[arg(long, value_parser = units::parse_duration)]
     timeout: Option<Duration>,
-    /// Fuel per attempt (about one unit per wasm instruction), e.g. 10000000000 or 1e10.
+    /// Fuel per attempt (about one unit per wasm instruction), e.g. 1e10 [server default: 1e10].
     #[arg(long, value_parser = units::parse_count)]
     fuel: Option<u64>,
-    /// Memory limit per attempt, e.g. 64MiB, 1GiB.
+    /// Memory limit per attempt, e.g. 64MiB, 1GiB [server default: 64MiB].
     #[arg(long, value_parser = units::parse_size)]
     memory: Option<u64>,
-    /// Attempts in all, the first included (1 = never retry).
+    /// Attempts in all, the first included (1 = never retry) [server default: 3].
     #[arg(long)]
     max_attempts: Option<u32>,
-    /// Delay before the first retry; doubles per retry.
+    /// Delay before the first retry; doubles per retry [server default: 1s].
     #[arg(long, value_parser = units::parse_duration)]
     backoff: Option<Duration>,
-    /// Longest delay between retries.
+    /// Longest delay between retries [server default: 60s].
     #[arg(long, value_parser = units::parse_duration)]
     max_backoff: Option<Duration>,
     /// How the delay grows between retries.
@@ -71,6 +71,7 @@ pub struct DeployArgs {
     allow_hosts: Vec<String>,
     #[command(flatten)]
     flow: flow::FlowArgs,
+    /// How to print: a table for people, or JSON for programs.
     #[arg(long, value_enum, default_value_t)]
     output: Output,
 }

@@ -40,13 +40,25 @@ use views::str_of;
 )]
 struct Cli {
     /// The wasq server client verbs talk to.
-    #[arg(long, global = true, env = "WASQ_SERVER", default_value_t = format!("http://127.0.0.1:{}", wasq_server::DEFAULT_PORT))]
+    #[arg(long, global = true, help_heading = "Global options", env = "WASQ_SERVER", default_value_t = format!("http://127.0.0.1:{}", wasq_server::DEFAULT_PORT))]
     server: String,
     /// The tenant API key client verbs send (default: `.wasq/dev.key`, written by `wasq dev`).
-    #[arg(long, global = true, env = "WASQ_KEY", hide_env_values = true)]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "WASQ_KEY",
+        hide_env_values = true
+    )]
     key: Option<String>,
     /// The operator key for `tenants` and `keys` (default: `.wasq/admin.key`).
-    #[arg(long, global = true, env = "WASQ_ADMIN_KEY", hide_env_values = true)]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "WASQ_ADMIN_KEY",
+        hide_env_values = true
+    )]
     admin_key: Option<String>,
     #[command(subcommand)]
     command: Command,
@@ -102,10 +114,13 @@ enum Command {
     Wit(project::WitArgs),
     /// The audit trail: uploads, key changes and manual actions, newest first.
     Audit {
+        /// Only this tenant's entries (operator key).
         #[arg(long)]
         tenant: Option<String>,
+        /// At most this many entries.
         #[arg(long, default_value_t = 50)]
         limit: usize,
+        /// How to print: a table for people, or JSON for programs.
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
@@ -115,6 +130,7 @@ enum Command {
 enum TenantsCommand {
     /// Create a tenant (quotas not given take the server's defaults).
     Create {
+        /// Its name.
         name: String,
         /// Runs executing at once.
         #[arg(long)]
@@ -132,17 +148,21 @@ enum TenantsCommand {
         /// Bytes of log lines one run may keep, e.g. 16MiB.
         #[arg(long, value_parser = units::parse_size)]
         max_run_log_bytes: Option<u64>,
+        /// How to print: a table for people, or JSON for programs.
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
     /// List tenants with their quotas and usage.
     List {
+        /// How to print: a table for people, or JSON for programs.
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
     /// One tenant: quotas and usage (fuel burned, attempts).
     Show {
+        /// Its name.
         name: String,
+        /// How to print: a table for people, or JSON for programs.
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
@@ -152,22 +172,28 @@ enum TenantsCommand {
 enum KeysCommand {
     /// Create a key; it is printed once and stored only as an HMAC.
     Create {
+        /// The tenant the key is for.
         #[arg(long)]
         tenant: String,
+        /// A label to tell keys apart in `keys list`.
         #[arg(long, default_value = "")]
         label: String,
     },
     /// List a tenant's keys (ids and labels, never the keys).
     List {
+        /// The tenant whose keys to list.
         #[arg(long)]
         tenant: String,
+        /// How to print: a table for people, or JSON for programs.
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
     /// Revoke a key by id: it answers 401 from then on.
     Revoke {
+        /// The tenant the key belongs to.
         #[arg(long)]
         tenant: String,
+        /// The key's id, from `wasq keys list`.
         id: String,
     },
 }
@@ -176,15 +202,25 @@ enum KeysCommand {
 enum CronCommand {
     /// Every schedule with its next five fire times.
     List {
+        /// How to print: a table for people, or JSON for programs.
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
     /// Stop firing a function's schedule (runs already started go on).
-    Pause { function: String },
+    Pause {
+        /// The function whose schedule it is.
+        function: String,
+    },
     /// Fire a paused schedule again from the next tick.
-    Resume { function: String },
+    Resume {
+        /// The function whose schedule it is.
+        function: String,
+    },
     /// Start one run of the function now, outside its schedule.
-    RunNow { function: String },
+    RunNow {
+        /// The function whose schedule it is.
+        function: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -199,6 +235,7 @@ enum EventsCommand {
         /// Deduplication id: the same id within 24 hours is accepted once.
         #[arg(long)]
         id: Option<String>,
+        /// How to print: a table for people, or JSON for programs.
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
@@ -346,6 +383,7 @@ struct RunArgs {
     /// Overrides the function's priority for this run (lower starts first).
     #[arg(long, allow_negative_numbers = true)]
     priority: Option<i32>,
+    /// How to print: a table for people, or JSON for programs.
     #[arg(long, value_enum, default_value_t)]
     output: Output,
 }
@@ -354,6 +392,7 @@ struct RunArgs {
 enum RunsCommand {
     /// List runs, newest first.
     List {
+        /// Only runs of this function.
         #[arg(long)]
         function: Option<String>,
         /// Only the child runs of this run.
@@ -362,38 +401,48 @@ enum RunsCommand {
         /// queued, running, sleeping, waiting, succeeded, failed, cancelled or skipped.
         #[arg(long)]
         status: Option<String>,
+        /// At most this many runs.
         #[arg(long, default_value_t = 20)]
         limit: usize,
+        /// How to print: a table for people, or JSON for programs.
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
     /// Show one run: status, output, error, attempts, steps.
     Show {
+        /// The run's id.
         id: String,
+        /// How to print: a table for people, or JSON for programs.
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
     /// Cancel a run: at once if it is queued or sleeping, within a moment if running.
     Cancel {
+        /// The run's id.
         id: String,
         /// Also cancel its child runs, and theirs.
         #[arg(long)]
         cascade: bool,
+        /// How to print: a table for people, or JSON for programs.
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
     /// Run a failed or cancelled run again, with a fresh budget of attempts.
     Retry {
+        /// The run's id.
         id: String,
+        /// How to print: a table for people, or JSON for programs.
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
     /// Print a run's log lines.
     Logs {
+        /// The run's id.
         id: String,
         /// Keep printing new lines until the run ends.
         #[arg(long, short)]
         follow: bool,
+        /// How to print: a table for people, or JSON for programs.
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
@@ -403,12 +452,15 @@ enum RunsCommand {
 enum FunctionsCommand {
     /// List deployed functions.
     List {
+        /// How to print: a table for people, or JSON for programs.
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
     /// Show one function and its settings.
     Show {
+        /// Its name.
         name: String,
+        /// How to print: a table for people, or JSON for programs.
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
@@ -958,4 +1010,28 @@ fn read_json_arg(arg: &str, flag: &str) -> Result<Value> {
         None => arg.to_owned(),
     };
     serde_json::from_str(&text).with_context(|| format!("{flag} is not valid JSON"))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// `--help` describes every option and argument of every command.
+    #[test]
+    fn every_option_is_described() {
+        fn walk(c: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in c.get_arguments() {
+                let id = a.get_id().as_str();
+                if a.get_help().is_none() && !matches!(id, "help" | "version") {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for s in c.get_subcommands() {
+                walk(s, &format!("{path} {}", s.get_name()), missing);
+            }
+        }
+        let mut missing = vec![];
+        walk(&super::Cli::command(), "wasq", &mut missing);
+        assert!(missing.is_empty(), "without help text: {missing:?}");
+    }
 }
