@@ -71,6 +71,10 @@ pub struct DeployArgs {
     allow_hosts: Vec<String>,
     #[command(flatten)]
     flow: flow::FlowArgs,
+    /// Start from the server's defaults: without it, a redeploy keeps every setting,
+    /// event and schedule the function has and the flags or manifest do not give.
+    #[arg(long)]
+    reset_settings: bool,
     /// How to print: a table for people, or JSON for programs.
     #[arg(long, value_enum, default_value_t)]
     output: Output,
@@ -160,6 +164,9 @@ impl DeployArgs {
             query.push(("allow_hosts", self.allow_hosts.join(",")));
         }
         query.extend(self.flow.query());
+        if self.reset_settings {
+            query.push(("reset_settings", "true".into()));
+        }
         query
     }
 }
@@ -201,6 +208,18 @@ pub async fn deploy(client: Client, mut args: DeployArgs) -> Result<ExitCode> {
             ),
             units::format_size(f["size_bytes"].as_u64().unwrap_or(0))
         ),
+    }
+    // A redeploy says what it changed; everything else was kept.
+    if let (Output::Table, Some(changed)) = (args.output, f["changed"].as_array()) {
+        if changed.is_empty() {
+            outln!("  no setting changed");
+        }
+        for c in changed {
+            outln!(
+                "  changed {}",
+                out::line(c.as_str().unwrap_or_default(), out::SHORT)
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -2,6 +2,7 @@
 //! that must stay bounded whatever a run stored) is in `read.rs`.
 
 mod read;
+mod redeploy;
 
 use std::sync::Arc;
 
@@ -84,8 +85,9 @@ fn check_name(name: &str) -> Result<(), ApiError> {
     wasq_core::names::check_function_name(name).map_err(|m| ApiError::bad_request("bad_name", m))
 }
 
-/// Deploy settings, all optional; query parameters of `PUT /v1/functions/{name}`.
-#[derive(Debug, Default, Deserialize)]
+/// Deploy settings, all optional; query parameters of `PUT /v1/functions/{name}`. A
+/// redeploy keeps what is not given (see `redeploy`).
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeployParams {
     pub timeout_ms: Option<u64>,
@@ -128,6 +130,9 @@ pub struct DeployParams {
     pub priority: Option<i32>,
     /// What one priority level is worth in waiting time (default `1m`).
     pub priority_aging: Option<String>,
+    /// Start from the defaults, not from the function's current settings, events and
+    /// schedule.
+    pub reset_settings: Option<bool>,
 }
 
 impl DeployParams {
@@ -173,8 +178,8 @@ fn check_event_name(name: &str) -> Result<(), ApiError> {
 }
 
 impl DeployParams {
-    fn settings(&self, max_memory: u64) -> Result<FunctionSettings, ApiError> {
-        let d = FunctionSettings::default();
+    /// `d` (the defaults, or the settings a redeploy keeps) with what is given here.
+    fn settings(&self, d: FunctionSettings, max_memory: u64) -> Result<FunctionSettings, ApiError> {
         let s = FunctionSettings {
             limits: Limits {
                 timeout_ms: self.timeout_ms.unwrap_or(d.limits.timeout_ms),
@@ -191,8 +196,15 @@ impl DeployParams {
                 jitter: self.jitter.unwrap_or(d.retry.jitter),
                 retry_traps: self.retry_traps.unwrap_or(d.retry.retry_traps),
             },
-            allow_hosts: self.allow_hosts()?,
-            flow: self.flow()?,
+            allow_hosts: match &self.allow_hosts {
+                Some(_) => self.allow_hosts()?,
+                None => d.allow_hosts,
+            },
+            flow: if self.has_flow() {
+                self.flow()?
+            } else {
+                d.flow
+            },
         };
         let bad = |m: String| Err(ApiError::bad_request("bad_settings", m));
         if !(1..=24 * 3600 * 1000).contains(&s.limits.timeout_ms) {
@@ -252,9 +264,14 @@ async fn deploy(
     check_name(&name)?;
     app.guard.admit()?;
     let params = query(params)?;
-    let settings = params.settings(app.sandbox_config.max_memory_bytes)?;
+    let existing = app.store.function(&scope.tenant, &name).await?;
+    let base = params.base(existing.as_ref());
+    let settings = params.settings(
+        DeployParams::base_settings(base),
+        app.sandbox_config.max_memory_bytes,
+    )?;
     let events: Vec<String> = match &params.events {
-        None => vec![],
+        None => base.map(|f| f.events.clone()).unwrap_or_default(),
         Some(list) => list
             .split(',')
             .map(|e| e.trim().to_owned())
@@ -264,7 +281,26 @@ async fn deploy(
     for e in &events {
         check_event_name(e)?;
     }
-    let mut schedule = params.schedule().await?;
+    let kept = base.and_then(|f| f.schedule.clone());
+    let mut schedule = match kept {
+        Some(kept) if params.cron.is_none() => {
+            if params.tz.is_none() && params.missed.is_none() {
+                // Kept, and active again if it was paused (below: a resume).
+                Some(Schedule {
+                    paused: false,
+                    ..kept
+                })
+            } else {
+                // A new zone or missed-tick policy for the schedule it has.
+                let mut p = params.clone();
+                p.cron = Some(kept.crons.join(";"));
+                p.tz = p.tz.or(Some(kept.tz));
+                p.missed = p.missed.or(Some(kept.missed));
+                p.schedule().await?
+            }
+        }
+        _ => params.schedule().await?,
+    };
     if body.is_empty() {
         return Err(ApiError::bad_request(
             "bad_component",
@@ -284,9 +320,10 @@ async fn deploy(
         .validate(&body)
         .await
         .map_err(|e| ApiError::bad_request("bad_component", e.to_string()))?;
-    let existing = app.store.function(&scope.tenant, &name).await?;
-    let existed = existing.is_some();
-    if let (Some(new), Some(old)) = (&mut schedule, existing.and_then(|f| f.schedule)) {
+    if let (Some(new), Some(old)) = (
+        &mut schedule,
+        existing.as_ref().and_then(|f| f.schedule.clone()),
+    ) {
         // A redeploy makes a paused schedule active again: a resume, whose missed ticks
         // follow the policy like any other's.
         new.resumed_at = if old.paused {
@@ -316,12 +353,17 @@ async fn deploy(
         format!("{} {}", function.name, function.digest),
     )
     .await;
-    let status = if existed {
-        StatusCode::OK
-    } else {
-        StatusCode::CREATED
+    let mut answer =
+        serde_json::to_value(&function).map_err(|e| StoreError::Internal(e.to_string()))?;
+    let status = match &existing {
+        Some(old) => {
+            // What this redeploy changed, in words (the CLI prints them).
+            answer["changed"] = redeploy::changes(old, &function).into();
+            StatusCode::OK
+        }
+        None => StatusCode::CREATED,
     };
-    Ok((status, Json(function)).into_response())
+    Ok((status, Json(answer)).into_response())
 }
 
 fn upload_too_large(max: usize) -> ApiError {
