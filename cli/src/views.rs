@@ -219,6 +219,49 @@ pub fn function(f: &Value, output: Output) {
     for line in crate::flow::describe(&f["settings"]) {
         outln!("{}", out::line(&line, LONG));
     }
+    let r = &f["settings"]["retry"];
+    let delay = |ms: &Value| {
+        humantime::format_duration(std::time::Duration::from_millis(ms.as_u64().unwrap_or(0)))
+    };
+    outln!(
+        "retry: {} attempts in all, {} backoff from {} to {}{}{}",
+        out::field(&r["max_attempts"]),
+        out::field(&r["backoff"]),
+        delay(&r["initial_backoff_ms"]),
+        delay(&r["max_backoff_ms"]),
+        if r["jitter"] == false {
+            ", no jitter"
+        } else {
+            ", with jitter"
+        },
+        if r["retry_traps"] == false {
+            ", traps not retried"
+        } else {
+            ""
+        }
+    );
+    let events: Vec<String> = items(&f["events"]).map(out::field).collect();
+    outln!(
+        "events: {}",
+        if events.is_empty() {
+            "none (deploy with --events to subscribe)".to_owned()
+        } else {
+            out::line(&events.join(", "), LONG)
+        }
+    );
+    let s = &f["schedule"];
+    if s.is_null() {
+        outln!("schedule: none (deploy with --cron to add one)");
+    } else {
+        let crons: Vec<String> = items(&s["crons"]).map(out::field).collect();
+        outln!(
+            "schedule: {} ({}, missed ticks: {}){}",
+            out::line(&crons.join("; "), LONG),
+            out::field(&s["tz"]),
+            out::field(&s["missed"]),
+            if s["paused"] == true { ", paused" } else { "" }
+        );
+    }
 }
 
 pub fn schedules(schedules: &Value, output: Output) {

@@ -83,6 +83,19 @@ async fn a_redeploy_keeps_every_setting_it_is_not_given_and_says_what_changed() 
     let f = function(&d.api).await;
     assert_eq!(f["settings"]["limits"]["timeout_ms"], 10_000);
 
+    // `functions show` prints every kept setting, not only with --output json.
+    let (code, shown, err) = run_cli(d.api.cli().args(["functions", "show", "f"]));
+    assert_eq!(code, 0, "{err}");
+    for line in [
+        "retry: 2 attempts in all, exponential backoff from 1s to 1m, with jitter",
+        "events: user.signup",
+        "schedule: 0 9 * * * (Europe/Paris, missed ticks: skip)",
+        "outbound HTTP to: api.example.com",
+        "concurrency: at most 2 running",
+    ] {
+        assert!(shown.contains(line), "{line:?} in:\n{shown}");
+    }
+
     // The explicit reset: the server's defaults, no events, no schedule.
     let out = deploy(&d.api, &b, &["--reset-settings"]);
     assert!(
