@@ -1012,6 +1012,17 @@ fn read_json_arg(arg: &str, flag: &str) -> Result<Value> {
     serde_json::from_str(&text).with_context(|| format!("{flag} is not valid JSON"))
 }
 
+/// Property tests' configuration: `default` cases, or `PROPTEST_CASES` when set (CI and
+/// long local runs).
+#[cfg(test)]
+fn proptest_cases(default: u32) -> proptest::prelude::ProptestConfig {
+    let mut config = proptest::prelude::ProptestConfig::default();
+    if std::env::var_os("PROPTEST_CASES").is_none() {
+        config.cases = default;
+    }
+    config
+}
+
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;

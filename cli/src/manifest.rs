@@ -288,9 +288,7 @@ debounce = "1s"
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(
-            std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(2000)
-        ))]
+        #![proptest_config(crate::proptest_cases(2000))]
         /// Any text, and any mangling of a good manifest, is a manifest or one error line.
         #[test]
         fn the_parser_never_panics(text in ".{0,300}", cut in 0usize..400, junk in "[ -~\n]{0,20}") {

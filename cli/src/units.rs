@@ -159,14 +159,6 @@ mod tests {
         use super::*;
         use proptest::prelude::*;
 
-        fn cases(default: u32) -> ProptestConfig {
-            let mut config = ProptestConfig::default();
-            if std::env::var_os("PROPTEST_CASES").is_none() {
-                config.cases = default;
-            }
-            config
-        }
-
         fn number() -> impl Strategy<Value = u64> {
             prop_oneof![
                 0u64..10_000,
@@ -192,7 +184,7 @@ mod tests {
         ];
 
         proptest! {
-            #![proptest_config(cases(3000))]
+            #![proptest_config(crate::proptest_cases(3000))]
 
             /// Sizes are the number times the unit, or "too large"; any text is a size or
             /// an error.
