@@ -7,30 +7,12 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::NoJournal;
-use tokio_util::sync::CancellationToken;
+use common::{NoJournal, hello_spec};
 use wasq_core::Limits;
-use wasq_sandbox::{AttemptSpec, Journal, RunInfo, Sandbox, SandboxConfig};
+use wasq_sandbox::{AttemptSpec, Journal, Sandbox, SandboxConfig};
 
 fn spec(digest: &str, journal: Arc<dyn Journal>) -> AttemptSpec {
-    AttemptSpec {
-        digest: digest.to_owned(),
-        info: RunInfo {
-            run_id: "bench".into(),
-            function: "hello".into(),
-            tenant: "default".into(),
-            attempt: 1,
-            max_attempts: 1,
-            trigger: "bench".into(),
-        },
-        input: br#"{"name":"Ada"}"#.to_vec(),
-        limits: Limits::default(),
-        steps: vec![],
-        journal,
-        cancel: CancellationToken::new(),
-        allow_hosts: vec![],
-        max_outbound_requests: None,
-    }
+    hello_spec(digest, journal, Limits::default())
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> f64 {

@@ -16,36 +16,19 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::NoJournal;
-use tokio_util::sync::CancellationToken;
+use common::{NoJournal, hello_spec};
 use wasq_cli::project::{Lang, build_at, init_in};
 use wasq_core::Limits;
-use wasq_sandbox::{AttemptSpec, RunInfo, Sandbox, SandboxConfig};
+use wasq_sandbox::{AttemptSpec, Sandbox, SandboxConfig};
 
 fn spec(digest: &str) -> AttemptSpec {
-    AttemptSpec {
-        digest: digest.to_owned(),
-        info: RunInfo {
-            run_id: "bench".into(),
-            function: "hello".into(),
-            tenant: "default".into(),
-            attempt: 1,
-            max_attempts: 1,
-            trigger: "bench".into(),
-        },
-        input: br#"{"name":"Ada"}"#.to_vec(),
-        // Interpreters (JS, Python) start with a bigger heap than Rust or C need.
-        limits: Limits {
-            timeout_ms: 60_000,
-            fuel: 100_000_000_000,
-            memory_bytes: 512 << 20,
-        },
-        steps: vec![],
-        journal: Arc::new(NoJournal),
-        cancel: CancellationToken::new(),
-        allow_hosts: vec![],
-        max_outbound_requests: None,
-    }
+    // Interpreters (JS, Python) start with a bigger heap than Rust or C need.
+    let limits = Limits {
+        timeout_ms: 60_000,
+        fuel: 100_000_000_000,
+        memory_bytes: 512 << 20,
+    };
+    hello_spec(digest, Arc::new(NoJournal), limits)
 }
 
 fn sandbox(cache: &Path) -> Sandbox {

@@ -1,8 +1,33 @@
 //! Shared by the sandbox benchmarks: a journal that stores nothing, so a benchmark measures
 //! the sandbox and the guest, not a store.
 
-use wasq_core::{LogLine, Progress};
-use wasq_sandbox::Journal;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use wasq_core::{Limits, LogLine, Progress};
+use wasq_sandbox::{AttemptSpec, Journal, RunInfo};
+
+/// A first attempt of the `hello` task (any language's) greeting Ada, under `limits`.
+pub fn hello_spec(digest: &str, journal: Arc<dyn Journal>, limits: Limits) -> AttemptSpec {
+    AttemptSpec {
+        digest: digest.to_owned(),
+        info: RunInfo {
+            run_id: "bench".into(),
+            function: "hello".into(),
+            tenant: "default".into(),
+            attempt: 1,
+            max_attempts: 1,
+            trigger: "bench".into(),
+        },
+        input: br#"{"name":"Ada"}"#.to_vec(),
+        limits,
+        steps: vec![],
+        journal,
+        cancel: CancellationToken::new(),
+        allow_hosts: vec![],
+        max_outbound_requests: None,
+    }
+}
 
 pub struct NoJournal;
 
