@@ -64,14 +64,13 @@ async fn measure(lang: Lang) {
     let dir = tempfile::tempdir().unwrap();
     let built =
         init_in(dir.path(), lang, "hello").and_then(|_| build_at(&dir.path().join("hello")));
-    let file = match built {
-        Ok((file, _)) => file,
+    let bytes = match built {
+        Ok(built) => built.component,
         Err(e) => {
             println!("| {lang:?} | skipped: {e:#} |");
             return;
         }
     };
-    let bytes = std::fs::read(&file).expect("built component");
     let cache = tempfile::tempdir().unwrap();
 
     let deployer = sandbox(cache.path());

@@ -142,15 +142,12 @@ pub fn init_in(parent: &Path, lang: Lang, name: &str) -> Result<usize> {
     Ok(written)
 }
 
-/// Every file under `dir`, recursively, but what tools leave behind in a source folder
-/// (Python's bytecode caches, `.keep` markers of empty folders).
+/// Every file under `dir`, recursively, but Python's bytecode caches (importing the SDK
+/// while working on it leaves them in its source folder).
 fn files(dir: &'static Dir<'static>) -> Vec<&'static include_dir::File<'static>> {
     let mut out: Vec<_> = dir
         .files()
-        .filter(|f| {
-            let path = f.path().to_string_lossy();
-            !path.ends_with(".pyc") && !path.ends_with(".keep")
-        })
+        .filter(|f| f.path().extension().is_none_or(|e| e != "pyc"))
         .collect();
     for d in dir.dirs().filter(|d| !d.path().ends_with("__pycache__")) {
         out.extend(files(d));
@@ -214,22 +211,33 @@ pub struct BuildArgs {
 pub fn build(args: BuildArgs) -> Result<ExitCode> {
     let started = Instant::now();
     let path = args.manifest.unwrap_or_else(|| PathBuf::from("."));
-    let (file, note) = build_at(&path)?;
-    let size = std::fs::metadata(&file)
-        .with_context(|| format!("cannot read {}", file.display()))?
-        .len();
+    let built = build_at(&path)?;
     outln!(
-        "built {} ({}) in {:.1}s{note}",
-        file.display(),
-        units::format_size(size),
-        started.elapsed().as_secs_f64()
+        "built {} ({}) in {:.1}s{}",
+        built.path.display(),
+        units::format_size(built.component.len() as u64),
+        started.elapsed().as_secs_f64(),
+        if built.componentized {
+            ", componentized with the WASI preview1 reactor adapter"
+        } else {
+            ""
+        }
     );
     Ok(ExitCode::SUCCESS)
 }
 
-/// Builds the task of the manifest at `path` (a file or its folder): the component's
-/// path, and a note on what was done to it.
-pub fn build_at(path: &Path) -> Result<(PathBuf, &'static str)> {
+/// What `wasq build` made.
+pub struct Built {
+    /// Where the component is, as the manifest names it.
+    pub path: PathBuf,
+    /// Its bytes.
+    pub component: Vec<u8>,
+    /// The build produced a core module, which wasq made a component.
+    pub componentized: bool,
+}
+
+/// Builds the task of the manifest at `path` (a file or its folder).
+pub fn build_at(path: &Path) -> Result<Built> {
     let m = Manifest::load(path).map_err(|e| anyhow!(e))?;
     if let Some(command) = &m.build {
         errln!("wasq build: {command}");
@@ -262,21 +270,28 @@ pub fn build_at(path: &Path) -> Result<(PathBuf, &'static str)> {
             file.display()
         )
     })?;
-    let note = match kind(&bytes) {
-        Kind::Component => "",
+    match kind(&bytes) {
+        Kind::Component => Ok(Built {
+            path: file,
+            component: bytes,
+            componentized: false,
+        }),
         Kind::Module => {
             let component = componentize(&bytes)
                 .with_context(|| format!("cannot make {} a component", file.display()))?;
             std::fs::write(&file, &component)
                 .with_context(|| format!("cannot write {}", file.display()))?;
-            ", componentized with the WASI preview1 reactor adapter"
+            Ok(Built {
+                path: file,
+                component,
+                componentized: true,
+            })
         }
         Kind::Other => bail!(
             "{} is not a WebAssembly component or module",
             file.display()
         ),
-    };
-    Ok((file, note))
+    }
 }
 
 enum Kind {
