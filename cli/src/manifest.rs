@@ -287,6 +287,15 @@ debounce = "1s"
         assert!(e.starts_with(":3: "), "{e}");
     }
 
+    #[test]
+    fn a_file_over_the_size_bound_is_refused_unread() {
+        let path = std::env::temp_dir().join(format!("wasq-big-{}.toml", std::process::id()));
+        std::fs::write(&path, " ".repeat(MAX_BYTES as usize + 1)).unwrap();
+        let e = Manifest::load(&path).unwrap_err();
+        std::fs::remove_file(&path).unwrap();
+        assert!(e.ends_with("over 1048576 bytes; not a manifest"), "{e}");
+    }
+
     proptest! {
         #![proptest_config(crate::proptest_cases(2000))]
         /// Any text, and any mangling of a good manifest, is a manifest or one error line.
