@@ -96,6 +96,15 @@ async fn a_redeploy_keeps_every_setting_it_is_not_given_and_says_what_changed() 
         assert!(shown.contains(line), "{line:?} in:\n{shown}");
     }
 
+    // A zone alone changes the kept schedule's zone, nothing else.
+    let out = deploy(&d.api, &b, &["--tz", "UTC"]);
+    let changed: Vec<&str> = out.lines().filter(|l| l.contains("changed")).collect();
+    assert_eq!(
+        changed,
+        vec![r#"  changed schedule.tz: "Europe/Paris" -> "UTC""#],
+        "{out}"
+    );
+
     // The explicit reset: the server's defaults, no events, no schedule.
     let out = deploy(&d.api, &b, &["--reset-settings"]);
     assert!(

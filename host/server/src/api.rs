@@ -266,10 +266,8 @@ async fn deploy(
     let params = query(params)?;
     let existing = app.store.function(&scope.tenant, &name).await?;
     let base = params.base(existing.as_ref());
-    let settings = params.settings(
-        DeployParams::base_settings(base),
-        app.sandbox_config.max_memory_bytes,
-    )?;
+    let kept_settings = base.map_or_else(FunctionSettings::default, |f| f.settings.clone());
+    let settings = params.settings(kept_settings, app.sandbox_config.max_memory_bytes)?;
     let events: Vec<String> = match &params.events {
         None => base.map(|f| f.events.clone()).unwrap_or_default(),
         Some(list) => list

@@ -3,7 +3,7 @@
 //! starts from the defaults instead); and what it changed, in words, for the answer.
 
 use serde_json::Value;
-use wasq_core::{Function, FunctionSettings};
+use wasq_core::Function;
 
 use super::DeployParams;
 
@@ -27,11 +27,6 @@ impl DeployParams {
     /// none or the request resets them.
     pub(super) fn base<'f>(&self, existing: Option<&'f Function>) -> Option<&'f Function> {
         existing.filter(|_| self.reset_settings != Some(true))
-    }
-
-    /// The base settings when a deploy gives none of their parts.
-    pub(super) fn base_settings(existing: Option<&Function>) -> FunctionSettings {
-        existing.map_or_else(FunctionSettings::default, |f| f.settings.clone())
     }
 }
 
