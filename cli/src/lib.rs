@@ -410,7 +410,7 @@ enum RunsCommand {
     },
     /// Show one run: status, output, error, attempts, steps.
     Show {
-        /// The run's id.
+        /// The run's id, or a unique prefix of it (any case).
         id: String,
         /// How to print: a table for people, or JSON for programs.
         #[arg(long, value_enum, default_value_t)]
@@ -418,7 +418,7 @@ enum RunsCommand {
     },
     /// Cancel a run: at once if it is queued or sleeping, within a moment if running.
     Cancel {
-        /// The run's id.
+        /// The run's id, or a unique prefix of it (any case).
         id: String,
         /// Also cancel its child runs, and theirs.
         #[arg(long)]
@@ -429,7 +429,7 @@ enum RunsCommand {
     },
     /// Run a failed or cancelled run again, with a fresh budget of attempts.
     Retry {
-        /// The run's id.
+        /// The run's id, or a unique prefix of it (any case).
         id: String,
         /// How to print: a table for people, or JSON for programs.
         #[arg(long, value_enum, default_value_t)]
@@ -437,7 +437,7 @@ enum RunsCommand {
     },
     /// Print a run's log lines.
     Logs {
-        /// The run's id.
+        /// The run's id, or a unique prefix of it (any case).
         id: String,
         /// Keep printing new lines until the run ends.
         #[arg(long, short)]
@@ -544,13 +544,15 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 client::path_segment(&id)
             );
             let run = client()?.post_json(&path, String::new()).await?;
+            // The whole id, also when a prefix named the run.
+            let id = run["id"].as_str().unwrap_or(&id);
             match output {
                 Output::Json => outln!("{}", out::json(&run, true)),
                 Output::Table if run["status"] == "running" => outln!(
                     "cancelling {} (its attempt is being stopped)",
-                    out::line(&id, out::SHORT)
+                    out::line(id, out::SHORT)
                 ),
-                Output::Table => outln!("cancelled {}", out::line(&id, out::SHORT)),
+                Output::Table => outln!("cancelled {}", out::line(id, out::SHORT)),
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -561,9 +563,10 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                     String::new(),
                 )
                 .await?;
+            let id = run["id"].as_str().unwrap_or(&id);
             match output {
                 Output::Json => outln!("{}", out::json(&run, true)),
-                Output::Table => outln!("queued {} again", out::line(&id, out::SHORT)),
+                Output::Table => outln!("queued {} again", out::line(id, out::SHORT)),
             }
             Ok(ExitCode::SUCCESS)
         }

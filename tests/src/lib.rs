@@ -105,7 +105,7 @@ pub fn test_config(data_dir: PathBuf) -> wasq_server::Config {
 
 /// target/<profile>/wasq-e2e: integration tests run from target/<profile>/deps, and
 /// cargo builds the package's binaries next to that folder before running them.
-fn e2e_binary() -> PathBuf {
+pub fn e2e_binary() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     exe.parent()
         .and_then(Path::parent)

@@ -253,6 +253,7 @@ async fn kill_9_during_a_durable_sleep_still_wakes_on_time() {
 
     // The CLI's cancel and retry verbs.
     let server = dev.api.base.clone();
+    let first = id;
     let id = dev.api.start_run("sleeper", r#"{"sleep_ms":60000}"#).await;
     dev.api
         .wait_until(&id, WAIT, |r| r["status"] == "sleeping")
@@ -269,6 +270,52 @@ async fn kill_9_during_a_durable_sleep_still_wakes_on_time() {
     let (code, out, _) = run_cli(cli(&server, home.path()).args(["runs", "retry", &id]));
     assert_eq!(code, 0);
     assert_eq!(out.trim(), format!("queued {id} again"));
+
+    // A unique prefix names the run (any case); a cancel and a retry say who asked, in
+    // the run's log and, for a cancel, as its reason.
+    let short = id[..20].to_uppercase();
+    let (code, out, err) = run_cli(cli(&server, home.path()).args(["runs", "cancel", &short]));
+    assert_eq!(
+        (code, out.trim()),
+        (0, format!("cancelled {id}").as_str()),
+        "{err}"
+    );
+    let (code, out, err) = run_cli(cli(&server, home.path()).args(["runs", "logs", &short]));
+    assert_eq!(code, 0, "{err}");
+    let notes: Vec<&str> = out.lines().filter(|l| l.contains(" by key:")).collect();
+    assert_eq!(notes.len(), 3, "cancel, retry, cancel: {out}");
+    assert!(
+        notes[0].contains("cancelled by key:") && notes[1].contains("retried by key:"),
+        "{out}"
+    );
+    let (code, out, err) = run_cli(cli(&server, home.path()).args(["runs", "show", &short]));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(&id) && out.contains("cancelled: by key:"),
+        "{out}"
+    );
+    let (code, out, _) = run_cli(cli(&server, home.path()).args(["runs", "list"]));
+    assert_eq!(code, 0);
+    assert!(
+        out.lines()
+            .any(|l| l.contains(&id) && l.contains("cancelled: by key:")),
+        "{out}"
+    );
+    // Both runs start with the same time digits: the answer lists them.
+    let (code, _, err) = run_cli(cli(&server, home.path()).args(["runs", "show", &id[..4]]));
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("starts several run ids") && err.contains(&first) && err.contains(&id),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let (code, _, err) = run_cli(cli(&server, home.path()).args(["runs", "show", "fffffff"]));
+    assert!(
+        code == 1 && err.contains("404") && err.contains("no run id starts with"),
+        "{err}"
+    );
+    let (code, _, _) = run_cli(cli(&server, home.path()).args(["runs", "retry", &id]));
+    assert_eq!(code, 0);
     let (code, out, err) = run_cli(cli(&server, home.path()).args([
         "run",
         "sleeper",

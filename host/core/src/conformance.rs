@@ -6,6 +6,7 @@
 
 use std::future::Future;
 
+mod actions;
 mod storage;
 
 use crate::clock::{Clock, ManualClock, Millis};
@@ -94,6 +95,13 @@ where
             "manual retry requeues failed runs with a fresh budget",
             |s, c| Box::pin(manual_retry(s, c)),
         ),
+        (
+            "a cancel or a retry records who asked, in the run's error and log",
+            |s, c| Box::pin(actions::cancel_and_retry_say_who(s, c)),
+        ),
+        ("a unique prefix of a run id finds the run", |s, c| {
+            Box::pin(actions::run_id_prefixes(s, c))
+        }),
         (
             "an idempotency key returns the same run within its window",
             |s, c| Box::pin(idempotency(s, c)),
@@ -1008,11 +1016,18 @@ async fn release_resumed(store: impl Store, clock: ManualClock) {
 async fn cancel(store: impl Store, clock: ManualClock) {
     deploy_fn(&store, "f", "d", 3).await;
     let queued = enqueue(&store, "f", "1").await;
-    let r = store.cancel(DEFAULT_TENANT, &queued.id).await.unwrap();
+    let r = store
+        .cancel(RunAction::cancel(DEFAULT_TENANT, &queued.id, "key:test"))
+        .await
+        .unwrap();
     assert_eq!((r.status, r.finished_at), (RunStatus::Cancelled, Some(T0)));
-    let again = store.cancel(DEFAULT_TENANT, &queued.id).await;
+    let again = store
+        .cancel(RunAction::cancel(DEFAULT_TENANT, &queued.id, "key:test"))
+        .await;
     assert!(matches!(again, Err(StoreError::Conflict(_))), "{again:?}");
-    let missing = store.cancel("someone-else", &queued.id).await;
+    let missing = store
+        .cancel(RunAction::cancel("someone-else", &queued.id, "key:test"))
+        .await;
     assert!(
         matches!(missing, Err(StoreError::NotFound(_))),
         "{missing:?}"
@@ -1031,7 +1046,10 @@ async fn cancel(store: impl Store, clock: ManualClock) {
         )
         .await
         .unwrap();
-    let r = store.cancel(DEFAULT_TENANT, &sleeper.id).await.unwrap();
+    let r = store
+        .cancel(RunAction::cancel(DEFAULT_TENANT, &sleeper.id, "key:test"))
+        .await
+        .unwrap();
     assert_eq!(r.status, RunStatus::Cancelled);
     clock.advance(60_000);
     assert!(
@@ -1041,7 +1059,10 @@ async fn cancel(store: impl Store, clock: ManualClock) {
 
     let running = enqueue(&store, "f", "3").await;
     let c = claim(&store, "w", 1).await.remove(0);
-    let r = store.cancel(DEFAULT_TENANT, &running.id).await.unwrap();
+    let r = store
+        .cancel(RunAction::cancel(DEFAULT_TENANT, &running.id, "key:test"))
+        .await
+        .unwrap();
     assert_eq!(
         r.status,
         RunStatus::Running,
@@ -1083,7 +1104,10 @@ async fn manual_retry(store: impl Store, clock: ManualClock) {
         .finish(&c.lease, failed(ErrorReason::Fatal, None))
         .await
         .unwrap();
-    let r = store.retry(DEFAULT_TENANT, &run.id).await.unwrap();
+    let r = store
+        .retry(RunAction::retry(DEFAULT_TENANT, &run.id, "key:test"))
+        .await
+        .unwrap();
     assert_eq!(
         (r.status, r.due_at, r.finished_at),
         (RunStatus::Queued, T0, None)
@@ -1094,7 +1118,9 @@ async fn manual_retry(store: impl Store, clock: ManualClock) {
     );
     let c = claim(&store, "w", 1).await.remove(0);
     assert_eq!(c.run.attempt, 2);
-    let conflict = store.retry(DEFAULT_TENANT, &run.id).await;
+    let conflict = store
+        .retry(RunAction::retry(DEFAULT_TENANT, &run.id, "key:test"))
+        .await;
     assert!(
         matches!(conflict, Err(StoreError::Conflict(_))),
         "running: {conflict:?}"
@@ -1109,15 +1135,23 @@ async fn manual_retry(store: impl Store, clock: ManualClock) {
         )
         .await
         .unwrap();
-    let conflict = store.retry(DEFAULT_TENANT, &run.id).await;
+    let conflict = store
+        .retry(RunAction::retry(DEFAULT_TENANT, &run.id, "key:test"))
+        .await;
     assert!(
         matches!(conflict, Err(StoreError::Conflict(_))),
         "succeeded: {conflict:?}"
     );
     clock.advance(1);
     let cancelled = enqueue(&store, "f", "{}").await;
-    store.cancel(DEFAULT_TENANT, &cancelled.id).await.unwrap();
-    let r = store.retry(DEFAULT_TENANT, &cancelled.id).await.unwrap();
+    store
+        .cancel(RunAction::cancel(DEFAULT_TENANT, &cancelled.id, "key:test"))
+        .await
+        .unwrap();
+    let r = store
+        .retry(RunAction::retry(DEFAULT_TENANT, &cancelled.id, "key:test"))
+        .await
+        .unwrap();
     assert_eq!(r.status, RunStatus::Queued);
 }
 
@@ -1341,7 +1375,10 @@ async fn wait_timeout(store: impl Store, clock: ManualClock) {
             .iter()
             .all(|c| c.run.id != forever.id)
     );
-    let r = store.cancel(DEFAULT_TENANT, &forever.id).await.unwrap();
+    let r = store
+        .cancel(RunAction::cancel(DEFAULT_TENANT, &forever.id, "key:test"))
+        .await
+        .unwrap();
     assert_eq!(r.status, RunStatus::Cancelled);
 }
 
@@ -2255,13 +2292,18 @@ async fn max_queued(store: impl Store + Directory, _clock: ManualClock) {
         .finish(&started[0].lease, failed(ErrorReason::Fatal, None))
         .await
         .unwrap();
-    let retried = store.retry("q", &dead.id).await;
+    let retried = store
+        .retry(RunAction::retry("q", &dead.id, "key:test"))
+        .await;
     assert!(
         matches!(retried, Err(StoreError::QuotaExceeded { .. })),
         "{retried:?}"
     );
     assert_eq!(claim(&store, "w", 1).await.len(), 1);
-    let retried = store.retry("q", &dead.id).await.expect("room for it now");
+    let retried = store
+        .retry(RunAction::retry("q", &dead.id, "key:test"))
+        .await
+        .expect("room for it now");
     assert_eq!(retried.status, RunStatus::Queued);
     // A tenant without a record has no quotas.
     deploy_flow(&store, "free", "f", FlowControl::default()).await;

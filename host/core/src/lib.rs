@@ -13,6 +13,7 @@ pub mod clock;
 pub mod conformance;
 pub mod duration;
 pub mod flow;
+pub mod ids;
 mod model;
 pub mod names;
 pub mod storage;

@@ -184,7 +184,10 @@ impl RetryPolicy {
             | ErrorReason::OutOfMemory
             | ErrorReason::Trap => self.retry_traps,
             ErrorReason::LeaseExpired | ErrorReason::Host => true,
-            ErrorReason::RateLimited | ErrorReason::Debounced | ErrorReason::StorageQuota => false,
+            ErrorReason::RateLimited
+            | ErrorReason::Debounced
+            | ErrorReason::StorageQuota
+            | ErrorReason::Cancelled => false,
         };
         if !retried {
             return None;
@@ -290,6 +293,8 @@ pub enum ErrorReason {
     /// The run or its tenant reached a storage quota (`max_run_bytes`,
     /// `max_stored_bytes`): never retried, the message names the quota.
     StorageQuota,
+    /// Cancelled through the API; the message says by whom (see [`crate::RunAction`]).
+    Cancelled,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

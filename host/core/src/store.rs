@@ -45,12 +45,21 @@ pub trait Store: Send + Sync + 'static {
     /// unless it succeeded.
     async fn finish(&self, lease: &Lease, outcome: Outcome) -> Result<Run, StoreError>;
     /// Cancels a run: at once unless it is running; a running run is marked, reported by
-    /// [`Store::renew`] and ends as cancelled when its attempt ends.
-    async fn cancel(&self, tenant: &str, id: &str) -> Result<Run, StoreError>;
-    /// Queues a failed or cancelled run again, with a fresh budget of attempts; refused
-    /// like a new run ([`StoreError::QuotaExceeded`]) when the tenant has `max_queued`
-    /// runs queued.
-    async fn retry(&self, tenant: &str, id: &str) -> Result<Run, StoreError>;
+    /// [`Store::renew`] and ends as cancelled when its attempt ends. Either way its error
+    /// becomes [`RunAction::cancel_error`] and its log gets [`RunAction::log_line`].
+    async fn cancel(&self, req: RunAction) -> Result<Run, StoreError>;
+    /// Queues a failed or cancelled run again, with a fresh budget of attempts, and logs
+    /// [`RunAction::log_line`]; refused like a new run ([`StoreError::QuotaExceeded`])
+    /// when the tenant has `max_queued` runs queued.
+    async fn retry(&self, req: RunAction) -> Result<Run, StoreError>;
+    /// Ids of the tenant's runs that start with `prefix` (a [`crate::ids::IdRef::Prefix`]),
+    /// at most `limit`, in id order.
+    async fn run_ids(
+        &self,
+        tenant: &str,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<RunId>, StoreError>;
     /// Records an event (once per id), starts a run of every subscribed function and
     /// resumes every run waiting for a matching event. An event that would start runs
     /// beyond the tenant's `max_queued` is refused as a whole ([`StoreError::QuotaExceeded`],
@@ -134,6 +143,73 @@ pub struct EnqueueRequest {
     pub parent: Option<RunId>,
     /// Overrides the function's priority for this run (lower starts first).
     pub priority: Option<i32>,
+}
+
+/// A cancel or a manual retry of a run, and who asked for it.
+#[derive(Debug, Clone)]
+pub struct RunAction {
+    pub tenant: String,
+    pub id: RunId,
+    pub kind: RunActionKind,
+    /// Who asked (`key:<id>`, `admin`), and why when it was not them directly
+    /// (`key:k1, with its parent run <id>`). Escaped and bounded here, like any text that
+    /// reaches a store.
+    pub by: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunActionKind {
+    Cancel,
+    Retry,
+}
+
+/// Bytes of [`RunAction::by`] kept.
+pub const MAX_ACTION_BY_BYTES: usize = 256;
+
+impl RunAction {
+    pub fn cancel(tenant: &str, id: &str, by: &str) -> Self {
+        Self::new(tenant, id, RunActionKind::Cancel, by)
+    }
+
+    pub fn retry(tenant: &str, id: &str, by: &str) -> Self {
+        Self::new(tenant, id, RunActionKind::Retry, by)
+    }
+
+    pub fn new(tenant: &str, id: &str, kind: RunActionKind, by: &str) -> Self {
+        RunAction {
+            tenant: tenant.to_owned(),
+            id: id.to_owned(),
+            kind,
+            by: crate::text::escape_line(by, MAX_ACTION_BY_BYTES),
+        }
+    }
+
+    /// The error a run cancelled this way ends with (set when the cancel is asked for,
+    /// so a running run's pending cancel already shows it).
+    pub fn cancel_error(&self) -> RunError {
+        RunError::new(ErrorReason::Cancelled, format!("by {}", self.by))
+    }
+
+    /// The line the run's log gets, numbered with the run's current attempt.
+    pub fn log_line(&self, attempt: u32, now: Millis) -> LogLine {
+        let message = match self.kind {
+            RunActionKind::Cancel => format!("cancelled by {}", self.by),
+            RunActionKind::Retry => format!(
+                "retried by {}: queued again with a fresh budget of attempts",
+                self.by
+            ),
+        };
+        LogLine {
+            attempt,
+            at: now,
+            level: match self.kind {
+                RunActionKind::Cancel => LogLevel::Warn,
+                RunActionKind::Retry => LogLevel::Info,
+            },
+            source: LogSource::Host,
+            message,
+        }
+    }
 }
 
 /// The `retry_after_ms` of a refused enqueue: a hint, the backlog usually moves by then.

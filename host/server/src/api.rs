@@ -1,6 +1,8 @@
 //! The HTTP API under `/v1`, plus `/healthz`. Reading runs, steps and logs (the answers
-//! that must stay bounded whatever a run stored) is in `read.rs`.
+//! that must stay bounded whatever a run stored) is in `read.rs`; cancels, retries and
+//! what a run id may be abbreviated to in `actions.rs`.
 
+mod actions;
 mod read;
 mod redeploy;
 
@@ -55,8 +57,14 @@ pub fn router(app: Arc<App>) -> Router {
             "/v1/runs/{id}/steps/{name}/{occurrence}",
             get(read::get_step),
         )
-        .route("/v1/runs/{id}/cancel", axum::routing::post(cancel_run))
-        .route("/v1/runs/{id}/retry", axum::routing::post(retry_run))
+        .route(
+            "/v1/runs/{id}/cancel",
+            axum::routing::post(actions::cancel_run),
+        )
+        .route(
+            "/v1/runs/{id}/retry",
+            axum::routing::post(actions::retry_run),
+        )
         .merge(crate::admin::routes())
         .route("/metrics", get(crate::metrics::scrape))
         .route_layer(axum::middleware::from_fn_with_state(
@@ -883,69 +891,4 @@ async fn send_event(
         app.wake.notify_one();
     }
     Ok((StatusCode::ACCEPTED, Json(sent)).into_response())
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CancelParams {
-    /// Also cancel the run's children, and theirs.
-    #[serde(default)]
-    cascade: bool,
-}
-
-async fn cancel_run(
-    State(app): State<Arc<App>>,
-    scope: TenantScope,
-    Path(id): Path<String>,
-    params: Result<Query<CancelParams>, QueryRejection>,
-) -> Result<Json<Run>, ApiError> {
-    let cascade = query(params)?.cascade;
-    let run = cancel_one(&app, &scope.tenant, &id).await?;
-    crate::admin::audit(&app, &scope.tenant, &scope.caller, "run.cancel", id.clone()).await;
-    if cascade {
-        // Depth first over the run's descendants; those already ended are left alone.
-        let mut parents = vec![run.id.clone()];
-        while let Some(parent) = parents.pop() {
-            let q = RunQuery {
-                tenant: scope.tenant.clone(),
-                parent: Some(parent),
-                limit: 1000,
-                ..RunQuery::default()
-            };
-            for child in app.store.runs(q).await? {
-                if !child.status.is_terminal() {
-                    match cancel_one(&app, &scope.tenant, &child.id).await {
-                        Ok(_)
-                        | Err(ApiError {
-                            code: "conflict", ..
-                        }) => {}
-                        Err(e) => return Err(e),
-                    }
-                }
-                parents.push(child.id);
-            }
-        }
-    }
-    Ok(Json(run))
-}
-
-async fn cancel_one(app: &App, tenant: &str, id: &str) -> Result<Run, ApiError> {
-    let run = app.store.cancel(tenant, id).await?;
-    if run.status == RunStatus::Running {
-        // Ours: interrupt it now. Another process's: it learns at its next lease renewal.
-        app.in_flight.cancel(&run.id);
-    }
-    Ok(run)
-}
-
-async fn retry_run(
-    State(app): State<Arc<App>>,
-    scope: TenantScope,
-    Path(id): Path<String>,
-) -> Result<Json<Run>, ApiError> {
-    app.guard.admit()?;
-    let run = app.store.retry(&scope.tenant, &id).await?;
-    crate::admin::audit(&app, &scope.tenant, &scope.caller, "run.retry", id.clone()).await;
-    app.wake.notify_one();
-    Ok(Json(run))
 }

@@ -538,6 +538,15 @@ impl RedisStore {
         self.inner.clock.now_ms()
     }
 
+    /// The attempt number a cancel's or retry's log line carries.
+    async fn attempt_of(&self, req: &RunAction) -> Result<u32, StoreError> {
+        let key = format!("{}run:{}", self.tenant_prefix(&req.tenant), req.id);
+        let attempt: Option<u32> = self
+            .query(redis::cmd("HGET").arg(key).arg("attempt"))
+            .await?;
+        Ok(attempt.unwrap_or(0))
+    }
+
     fn g(&self, key: &str) -> String {
         format!("{}{key}", self.inner.global)
     }
@@ -565,6 +574,18 @@ impl RedisStore {
         tenant: &str,
         args: Args,
     ) -> Result<(String, Vec<Value>), StoreError> {
+        self.script_at(script, tenant, self.now(), args).await
+    }
+
+    /// [`Self::script`] at a given time: a script that creates runs runs at the time their
+    /// ids were minted with, which becomes their `created_at` (see `wasq_core::ids`).
+    async fn script_at(
+        &self,
+        script: &Script,
+        tenant: &str,
+        now: i64,
+        args: Args,
+    ) -> Result<(String, Vec<Value>), StoreError> {
         let prefix = self.tenant_prefix(tenant);
         let mut inv = script.prepare_invoke();
         inv.key(format!("{prefix}meta"))
@@ -574,7 +595,7 @@ impl RedisStore {
             } else {
                 &self.inner.global
             })
-            .arg(self.now())
+            .arg(now)
             .arg(tenant);
         for a in &args.0 {
             inv.arg(a.as_slice());
@@ -748,6 +769,16 @@ impl RedisStore {
     }
 }
 
+/// The cut markers and the line of a cancel or retry, numbered with the run's attempt
+/// as read just before (a claim in between makes it one short: a label, not a rule).
+fn action_lines(args: Args, req: &RunAction, attempt: u32, now: i64) -> Result<Args, StoreError> {
+    let marker = |why| to_json(&wasq_core::storage::cut_marker(attempt, now, why));
+    Ok(args
+        .b(marker(wasq_core::storage::LogCut::Run)?)
+        .b(marker(wasq_core::storage::LogCut::Tenant)?)
+        .b(to_json(&req.log_line(attempt, now))?))
+}
+
 #[async_trait]
 impl Store for RedisStore {
     async fn deploy(&self, req: DeployRequest) -> Result<Function, StoreError> {
@@ -819,7 +850,8 @@ impl Store for RedisStore {
     }
 
     async fn enqueue(&self, req: EnqueueRequest) -> Result<Enqueued, StoreError> {
-        let id = uuid::Uuid::now_v7().to_string();
+        let now = self.now();
+        let id = wasq_core::ids::new_run_id(now);
         let not_found = || StoreError::NotFound(format!("function {:?}", req.function));
         let mut fresh = false;
         for _ in 0..STALE_RETRIES {
@@ -847,7 +879,9 @@ impl Store for RedisStore {
                 QueueQuota::Child
             };
             let args = flow_args(args, &plan, &id, quota)?;
-            let (status, mut rest) = self.script(&scripts::ENQUEUE, &req.tenant, args).await?;
+            let (status, mut rest) = self
+                .script_at(&scripts::ENQUEUE, &req.tenant, now, args)
+                .await?;
             match status.as_str() {
                 "ok" => {}
                 "not_found" => return Err(not_found()),
@@ -1087,18 +1121,57 @@ impl Store for RedisStore {
         self.run_from(rest.into_iter().next().unwrap_or(Value::Nil), sent_output)
     }
 
-    async fn cancel(&self, tenant: &str, id: &str) -> Result<Run, StoreError> {
-        let (status, rest) = self
-            .script(&scripts::CANCEL, tenant, Args::new().s(id))
-            .await?;
-        self.ended_run(tenant, id, status, rest).await
+    async fn cancel(&self, req: RunAction) -> Result<Run, StoreError> {
+        let attempt = self.attempt_of(&req).await?;
+        let args = Args::new().s(&req.id).b(to_json(&req.cancel_error())?);
+        let args = action_lines(args, &req, attempt, self.now())?;
+        let (status, rest) = self.script(&scripts::CANCEL, &req.tenant, args).await?;
+        self.ended_run(&req.tenant, &req.id, status, rest).await
     }
 
-    async fn retry(&self, tenant: &str, id: &str) -> Result<Run, StoreError> {
-        let (status, rest) = self
-            .script(&scripts::RETRY, tenant, Args::new().s(id))
-            .await?;
-        self.ended_run(tenant, id, status, rest).await
+    async fn retry(&self, req: RunAction) -> Result<Run, StoreError> {
+        let attempt = self.attempt_of(&req).await?;
+        let args = action_lines(Args::new().s(&req.id), &req, attempt, self.now())?;
+        let (status, rest) = self.script(&scripts::RETRY, &req.tenant, args).await?;
+        self.ended_run(&req.tenant, &req.id, status, rest).await
+    }
+
+    async fn run_ids(
+        &self,
+        tenant: &str,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<RunId>, StoreError> {
+        // An id starts with its run's creation time (wasq_core::ids) and `all` holds every
+        // run by creation time, so the prefix's time window holds exactly the runs whose
+        // ids share its time digits. Each of them matches a prefix of up to 12 digits, so
+        // the first page answers; a longer prefix names one millisecond, whose runs are
+        // read a page at a time until `limit` match or none is left.
+        const PAGE: usize = 1_000;
+        let (lo, hi) = wasq_core::ids::prefix_window(prefix);
+        let key = format!("{}all", self.tenant_prefix(tenant));
+        let mut found = Vec::new();
+        for offset in (0..).step_by(PAGE) {
+            let ids: Vec<String> = self
+                .query(
+                    redis::cmd("ZRANGEBYSCORE")
+                        .arg(&key)
+                        .arg(lo)
+                        .arg(hi)
+                        .arg("LIMIT")
+                        .arg(offset)
+                        .arg(PAGE),
+                )
+                .await?;
+            let last_page = ids.len() < PAGE;
+            found.extend(ids.into_iter().filter(|id| id.starts_with(prefix)));
+            if last_page || found.len() >= limit {
+                break;
+            }
+        }
+        found.sort();
+        found.truncate(limit);
+        Ok(found)
     }
 
     async fn send_event(&self, req: EventRequest) -> Result<EventSent, StoreError> {
@@ -1130,12 +1203,15 @@ impl Store for RedisStore {
                 None => args = args.s("").n(0),
             }
             args = args.n(subscribers.len());
+            let now = self.now();
             for (function, blob, plan) in &subscribers {
-                let id = uuid::Uuid::now_v7().to_string();
+                let id = wasq_core::ids::new_run_id(now);
                 args = args.s(function).s(&id).b(blob.clone());
                 args = flow_args(args, plan, &id, QueueQuota::Checked)?;
             }
-            let (status, mut rest) = self.script(&scripts::SEND_EVENT, &req.tenant, args).await?;
+            let (status, mut rest) = self
+                .script_at(&scripts::SEND_EVENT, &req.tenant, now, args)
+                .await?;
             match status.as_str() {
                 "dup" => {
                     return Ok(EventSent {

@@ -701,7 +701,8 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'leases', '-inf', NOW, 'LIM
     local err = '{{"reason":"lease_expired","message":' .. cjson.encode(msg) .. '}}'
     close_attempt(id, err, '', '')
     if r[5] == '1' then
-      move(id, 'cancelled', {{ 'error', err, 'due_at', I(NOW), 'finished_at', I(NOW),
+      -- It keeps the cancel's reason; the attempt records the lost lease.
+      move(id, 'cancelled', {{ 'due_at', I(NOW), 'finished_at', I(NOW),
         'resolution', cancelled_resolution(id) }})
     elseif tonumber(r[3]) >= tonumber(r[4]) + MAXLOST then
       move(id, 'failed', {{ 'error', err, 'due_at', I(NOW), 'finished_at', I(NOW),
@@ -987,7 +988,8 @@ return { 'ok', pub or false, run_fields(ID, KIND == 'succeeded') }
     )
 });
 
-/// ARGV[5]: id.
+/// ARGV[5..]: id, error JSON (the cancel's reason), the two log-cut markers and the log
+/// line (`RunAction::log_line`).
 pub(crate) static CANCEL: LazyLock<Script> = LazyLock::new(|| {
     tenant_script(
         r#"
@@ -998,18 +1000,21 @@ if not status then return { 'not_found' } end
 if TERMINAL[status] then return { 'conflict', 'run ' .. ID .. ' is already ' .. status } end
 local wake = 0
 if status == 'running' then
-  redis.call('HSET', rk, 'cancel_requested', '1', 'updated_at', I(NOW))
+  local fields = { 'error', ARGV[6] }
+  charge(ID, blob_delta(rk, fields))
+  redis.call('HSET', rk, 'cancel_requested', '1', 'updated_at', I(NOW), unpack(fields))
 else
-  move(ID, 'cancelled', { 'finished_at', I(NOW), 'resolution', cancelled_resolution(ID) })
+  move(ID, 'cancelled', { 'error', ARGV[6], 'finished_at', I(NOW), 'resolution', cancelled_resolution(ID) })
   wake = resolve_waiters_of(ID)
 end
+append_logs(ID, 9, ARGV[7], ARGV[8])
 local pub = publish(wake, false)
 return { 'ok', pub or false, run_fields(ID) }
 "#,
     )
 });
 
-/// ARGV[5]: id.
+/// ARGV[5..]: id, the two log-cut markers, the log line as for [`CANCEL`].
 pub(crate) static RETRY: LazyLock<Script> = LazyLock::new(|| {
     tenant_script(
         r#"
@@ -1028,6 +1033,7 @@ end
 redis.call('HINCRBY', rk, 'max_attempts', tonumber(r[2]))
 move(ID, 'queued', { 'due_at', I(NOW), 'cancel_requested', '0' })
 drop_blobs(ID, 'finished_at', 'resolution')
+append_logs(ID, 8, ARGV[6], ARGV[7])
 local pub = publish(1, false)
 return { 'ok', pub or false, run_fields(ID) }
 "#,

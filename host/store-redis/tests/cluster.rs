@@ -88,7 +88,11 @@ async fn tenants_spread_over_masters_and_all_runs_complete() {
             assert!(store.renew(&leases, 30_000).await.unwrap().all_held());
             if claims == 1 {
                 store
-                    .cancel(&first.run.tenant, &first.run.id)
+                    .cancel(RunAction::cancel(
+                        &first.run.tenant,
+                        &first.run.id,
+                        "key:test",
+                    ))
                     .await
                     .unwrap();
                 let renewal = store.renew(&leases, 30_000).await.unwrap();

@@ -52,7 +52,10 @@ async fn unreferenced_components_are_collected() {
     assert_eq!(store.collect_components(none).await.unwrap(), 0);
     assert!(store.component("old").await.unwrap().is_some());
 
-    store.cancel("a", &run.id).await.unwrap();
+    store
+        .cancel(RunAction::cancel("a", &run.id, "key:test"))
+        .await
+        .unwrap();
     clock.advance(1_000);
     let purge = PurgeRequest {
         succeeded_before: clock.now_ms(),

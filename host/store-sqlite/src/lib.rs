@@ -697,8 +697,9 @@ fn reap_expired(tx: &Connection, now: i64) -> Result<(), StoreError> {
             (RunStatus::Queued, None)
         };
         tx.execute(
-            "UPDATE runs SET status = ?2, error = ?3, due_at = ?4, finished_at = ?5, updated_at = ?4,
-                 lease_expires_at = NULL, worker = NULL
+            // A cancelled run keeps the cancel's reason; the attempt records the lost lease.
+            "UPDATE runs SET status = ?2, error = CASE WHEN cancel_requested = 1 THEN error ELSE ?3 END,
+                 due_at = ?4, finished_at = ?5, updated_at = ?4, lease_expires_at = NULL, worker = NULL
              WHERE id = ?1",
             params![run.id, status.as_str(), to_json(&error)?, now, finished_at],
         )
@@ -712,7 +713,7 @@ fn reap_expired(tx: &Connection, now: i64) -> Result<(), StoreError> {
 /// applying the function's rate limit and debounce and the tenant's `max_queued` (see
 /// [`Store::enqueue`]).
 fn insert_run(tx: &Connection, now: i64, req: EnqueueRequest) -> Result<Enqueued, StoreError> {
-    let id = uuid::Uuid::now_v7().to_string();
+    let id = wasq_core::ids::new_run_id(now);
     let function = load_function(tx, &req.tenant, &req.function)?
         .ok_or_else(|| StoreError::NotFound(format!("function {:?}", req.function)))?;
     if let Some(key) = &req.idempotency_key {
@@ -1779,40 +1780,46 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn cancel(&self, tenant: &str, id: &str) -> Result<Run, StoreError> {
-        let (tenant, id) = (tenant.to_owned(), id.to_owned());
+    async fn cancel(&self, req: RunAction) -> Result<Run, StoreError> {
         self.tx(move |tx, now| {
-            let run = tenant_run(tx, &tenant, &id)?;
+            let id = &req.id;
+            let run = tenant_run(tx, &req.tenant, id)?;
             if run.status.is_terminal() {
                 return Err(StoreError::Conflict(format!("run {id} is already {}", run.status)));
             }
+            let error = to_json(&req.cancel_error())?;
             if run.status == RunStatus::Running {
-                tx.execute("UPDATE runs SET cancel_requested = 1, updated_at = ?2 WHERE id = ?1", params![id, now])
-                    .map_err(internal)?;
-            } else {
                 tx.execute(
-                    "UPDATE runs SET status = 'cancelled', finished_at = ?2, updated_at = ?2 WHERE id = ?1",
-                    params![id, now],
+                    "UPDATE runs SET cancel_requested = 1, error = ?3, updated_at = ?2 WHERE id = ?1",
+                    params![id, now, error],
                 )
                 .map_err(internal)?;
-                resolve_waiters_of(tx, &id, now)?;
+            } else {
+                tx.execute(
+                    "UPDATE runs SET status = 'cancelled', error = ?3, finished_at = ?2, updated_at = ?2
+                     WHERE id = ?1",
+                    params![id, now, error],
+                )
+                .map_err(internal)?;
+                resolve_waiters_of(tx, id, now)?;
             }
-            load_run(tx, &id)?.ok_or_else(|| StoreError::Internal("cancelled run vanished".into()))
+            append_logs(tx, &req.tenant, id, vec![req.log_line(run.attempt, now)])?;
+            load_run(tx, id)?.ok_or_else(|| StoreError::Internal("cancelled run vanished".into()))
         })
         .await
     }
 
-    async fn retry(&self, tenant: &str, id: &str) -> Result<Run, StoreError> {
-        let (tenant, id) = (tenant.to_owned(), id.to_owned());
+    async fn retry(&self, req: RunAction) -> Result<Run, StoreError> {
         self.tx(move |tx, now| {
-            let run = tenant_run(tx, &tenant, &id)?;
+            let id = &req.id;
+            let run = tenant_run(tx, &req.tenant, id)?;
             if !matches!(run.status, RunStatus::Failed | RunStatus::Cancelled) {
                 return Err(StoreError::Conflict(format!(
                     "run {id} is {}: only failed or cancelled runs can be retried",
                     run.status
                 )));
             }
-            check_queue_quota(tx, &tenant, 1, false)?;
+            check_queue_quota(tx, &req.tenant, 1, false)?;
             let mut settings = run.settings;
             settings.retry.max_attempts += run.attempt;
             tx.execute(
@@ -1822,7 +1829,33 @@ impl Store for SqliteStore {
                 params![id, to_json(&settings)?, now],
             )
             .map_err(internal)?;
-            load_run(tx, &id)?.ok_or_else(|| StoreError::Internal("retried run vanished".into()))
+            append_logs(tx, &req.tenant, id, vec![req.log_line(run.attempt, now)])?;
+            load_run(tx, id)?.ok_or_else(|| StoreError::Internal("retried run vanished".into()))
+        })
+        .await
+    }
+
+    async fn run_ids(
+        &self,
+        tenant: &str,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<RunId>, StoreError> {
+        let (tenant, prefix) = (tenant.to_owned(), prefix.to_owned());
+        self.tx(move |c, _| {
+            // Ids are ASCII hex and '-': every id with the prefix sorts below prefix + '~'.
+            let mut stmt = c
+                .prepare_cached(
+                    "SELECT id FROM runs WHERE id >= ?1 AND id < ?1 || '~' AND tenant = ?2
+                     ORDER BY id LIMIT ?3",
+                )
+                .map_err(internal)?;
+            let rows = stmt
+                .query_map(params![prefix, tenant, limit.min(1000) as i64], |r| {
+                    r.get(0)
+                })
+                .map_err(internal)?;
+            rows.collect::<Result<_, _>>().map_err(internal)
         })
         .await
     }

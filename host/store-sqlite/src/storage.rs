@@ -417,7 +417,10 @@ mod tests {
             )
             .await
             .unwrap();
-        store.retry(T, &run.id).await.unwrap();
+        store
+            .retry(RunAction::retry(T, &run.id, "key:test"))
+            .await
+            .unwrap();
         let c = claim(&store).await;
         let wait = Wait {
             step: "warte".into(),

@@ -59,7 +59,10 @@ async fn unreferenced_components_and_old_event_ids_are_collected() {
         "a queued run still needs it"
     );
 
-    store.cancel(DEFAULT_TENANT, &run.id).await.unwrap();
+    store
+        .cancel(RunAction::cancel(DEFAULT_TENANT, &run.id, "key:test"))
+        .await
+        .unwrap();
     clock.advance(IDEMPOTENCY_WINDOW_MS + 1);
     let before = store.usage(DEFAULT_TENANT).await.unwrap().stored_bytes;
     assert_eq!(store.purge(purge(clock.now_ms())).await.unwrap(), 1);

@@ -117,6 +117,7 @@ pub(super) async fn get_run(
     scope: TenantScope,
     Path(id): Path<String>,
 ) -> Result<Json<RunDetail>, ApiError> {
+    let id = super::actions::resolve(&app, &scope.tenant, &id).await?;
     let detail = app
         .store
         .run(&scope.tenant, &id)
@@ -153,6 +154,7 @@ pub(super) async fn list_steps(
     params: Result<Query<Page>, QueryRejection>,
 ) -> Result<Json<Vec<StepInfo>>, ApiError> {
     let (skip, limit) = query(params)?.get(1000, 1000)?;
+    let id = super::actions::resolve(&app, &scope.tenant, &id).await?;
     Ok(Json(
         app.store.steps(&scope.tenant, &id, skip, limit).await?,
     ))
@@ -163,6 +165,7 @@ pub(super) async fn get_step(
     scope: TenantScope,
     Path((id, name, occurrence)): Path<(String, String, u32)>,
 ) -> Result<Json<StepRecord>, ApiError> {
+    let id = super::actions::resolve(&app, &scope.tenant, &id).await?;
     app.store
         .step(&scope.tenant, &id, &name, occurrence)
         .await?
@@ -185,6 +188,7 @@ pub(super) async fn get_logs(
     params: Result<Query<Page>, QueryRejection>,
 ) -> Result<Json<Vec<LogLine>>, ApiError> {
     let (skip, limit) = query(params)?.get(1000, 10_000)?;
+    let id = super::actions::resolve(&app, &scope.tenant, &id).await?;
     let mut lines = app.store.logs(&scope.tenant, &id, skip, limit).await?;
     // Stores only ever return lines of the caller's own runs, so only an empty page needs
     // the run read, to tell "no lines (yet)" from 404.

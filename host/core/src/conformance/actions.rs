@@ -1,0 +1,153 @@
+//! Scenarios of what users do to runs by hand: cancels and retries leave their reason and
+//! a log line, and a run can be named by a unique prefix of its id.
+
+use super::*;
+use crate::ids::{self, IdRef};
+
+async fn host_lines(store: &impl Store, id: &str) -> Vec<LogLine> {
+    let logs = store.logs(DEFAULT_TENANT, id, 0, usize::MAX).await.unwrap();
+    logs.into_iter()
+        .filter(|l| l.source == LogSource::Host)
+        .collect()
+}
+
+pub(super) async fn cancel_and_retry_say_who(store: impl Store, clock: ManualClock) {
+    deploy_fn(&store, "f", "d", 3).await;
+    let queued = enqueue(&store, "f", "1").await;
+    let action = RunAction::cancel(DEFAULT_TENANT, &queued.id, "key:k1");
+    let r = store.cancel(action.clone()).await.unwrap();
+    assert_eq!(r.error, Some(action.cancel_error()));
+    assert_eq!(r.error.unwrap().to_string(), "cancelled: by key:k1");
+    assert_eq!(
+        host_lines(&store, &queued.id).await,
+        vec![action.log_line(0, T0)]
+    );
+
+    clock.advance(1);
+    let retry = RunAction::retry(DEFAULT_TENANT, &queued.id, "admin");
+    store.retry(retry.clone()).await.unwrap();
+    let lines = host_lines(&store, &queued.id).await;
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[1], retry.log_line(0, T0 + 1));
+    assert!(
+        lines[1].message.starts_with("retried by admin"),
+        "{lines:?}"
+    );
+
+    // A running run: the reason is set when the cancel is asked for and stays when its
+    // attempt ends (the attempt's own error is the attempt's).
+    let c = claim(&store, "w", 1).await.remove(0);
+    assert_eq!(c.run.id, queued.id);
+    let action = RunAction::cancel(DEFAULT_TENANT, &queued.id, "key:k2, with its parent run p");
+    let r = store.cancel(action.clone()).await.unwrap();
+    assert_eq!(
+        (r.status, r.error.clone()),
+        (RunStatus::Running, Some(action.cancel_error()))
+    );
+    let error = RunError::new(ErrorReason::Host, "attempt cancelled");
+    let r = store
+        .finish(
+            &c.lease,
+            Outcome::Failed {
+                error,
+                retry_in_ms: Some(1),
+                fuel_used: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.status, r.error),
+        (RunStatus::Cancelled, Some(action.cancel_error()))
+    );
+    let lines = host_lines(&store, &queued.id).await;
+    assert_eq!(lines.last(), Some(&action.log_line(1, T0 + 1)), "{lines:?}");
+
+    // What is refused leaves no line.
+    let before = host_lines(&store, &queued.id).await.len();
+    let refused = store
+        .cancel(RunAction::cancel(DEFAULT_TENANT, &queued.id, "key:k3"))
+        .await;
+    assert!(
+        matches!(refused, Err(StoreError::Conflict(_))),
+        "{refused:?}"
+    );
+    assert_eq!(host_lines(&store, &queued.id).await.len(), before);
+
+    // Text that would reach a terminal is escaped on the way in.
+    let queued = enqueue(&store, "f", "2").await;
+    let sneaky = RunAction::cancel(DEFAULT_TENANT, &queued.id, "key:k1\n\x1b[2Jfake line");
+    let r = store.cancel(sneaky).await.unwrap();
+    let message = r.error.unwrap().message;
+    assert!(
+        !message.contains('\n') && !message.contains('\x1b'),
+        "{message:?}"
+    );
+}
+
+pub(super) async fn run_id_prefixes(store: impl Store, clock: ManualClock) {
+    deploy_fn(&store, "f", "d", 1).await;
+    let a = enqueue(&store, "f", "1").await;
+    let b = enqueue(&store, "f", "2").await;
+    clock.advance(3_600_000);
+    let c = enqueue(&store, "f", "3").await;
+    for run in [&a, &b, &c] {
+        let (lo, hi) = ids::prefix_window(&run.id[..13]);
+        assert_eq!(
+            (lo, hi),
+            (run.created_at, run.created_at),
+            "{} is minted from the store's clock",
+            run.id
+        );
+    }
+    let find = |prefix: String| {
+        let store = &store;
+        async move {
+            let IdRef::Prefix(p) = ids::parse_id_ref(&prefix) else {
+                panic!("{prefix}")
+            };
+            store
+                .run_ids(DEFAULT_TENANT, &p, ids::PREFIX_CANDIDATES)
+                .await
+                .unwrap()
+        }
+    };
+    for run in [&a, &b, &c] {
+        assert_eq!(find(run.id[..35].to_string()).await, vec![run.id.clone()]);
+        assert_eq!(
+            find(run.id[..35].to_uppercase()).await,
+            vec![run.id.clone()],
+            "any case"
+        );
+    }
+    // c was made an hour after a and b: its time digits alone name it.
+    assert_eq!(find(c.id[..11].to_string()).await, vec![c.id.clone()]);
+    let mut ab = vec![a.id.clone(), b.id.clone()];
+    ab.sort();
+    assert_eq!(
+        find(a.id[..13].to_string()).await,
+        ab,
+        "same millisecond: both, in id order"
+    );
+    let mut all = vec![a.id.clone(), b.id.clone(), c.id.clone()];
+    all.sort();
+    assert_eq!(find(a.id[..1].to_string()).await, all);
+    assert!(
+        store
+            .run_ids("someone-else", &a.id[..8], 5)
+            .await
+            .unwrap()
+            .is_empty(),
+        "another tenant's runs are not found"
+    );
+    assert_eq!(
+        store
+            .run_ids(DEFAULT_TENANT, &a.id[..1], 2)
+            .await
+            .unwrap()
+            .len(),
+        2,
+        "at most limit"
+    );
+    assert!(find("ffffffff-fff".to_string()).await.is_empty());
+}
