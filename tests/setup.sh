@@ -15,8 +15,11 @@ apt_install() {
 if ! rustup target list --installed | grep -qx wasm32-wasip2; then
   rustup target add wasm32-wasip2
 fi
-# The crates a new Rust task (`wasq init --lang rust`) builds with offline in the tests.
-cargo fetch --quiet --manifest-path sdk/rust/Cargo.toml
+# The crates the tests' Rust guests build with (a new task of `wasq init --lang rust`, the
+# examples, the test guests), so that they build offline.
+for m in sdk/rust guest-examples/rust tests/guests; do
+  cargo fetch --quiet --manifest-path "$m/Cargo.toml"
+done
 
 # The Redis backend's tests start their own redis-server processes (never the machine's
 # default one) and use redis-cli to form a Cluster; C tasks build with clang + wasi-libc.

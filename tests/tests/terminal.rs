@@ -216,7 +216,15 @@ async fn hostile_server() -> String {
                     "/v1/functions" => (200, json!([function])),
                     "/v1/functions/f" => (200, function),
                     "/v1/functions/f/runs" => (201, json!({"id": "w"})),
-                    "/v1/runs" => (200, json!([run("failed")])),
+                    // Far more rows than a pipe holds, so `runs list | head -1` closes
+                    // the pipe while wasq still writes.
+                    "/v1/runs" => {
+                        let light = json!({"id": e, "function": e, "status": "failed", "attempt": 1,
+                            "trigger": e, "output": e, "error": {"reason": e, "message": e}});
+                        let mut runs = vec![run("failed")];
+                        runs.extend(std::iter::repeat_n(light, 2000));
+                        (200, json!(runs))
+                    }
                     "/v1/runs/r" => (200, run("failed")),
                     "/v1/runs/w" => {
                         let n = polls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -333,6 +341,14 @@ async fn a_closed_pipe_ends_the_cli_quietly() {
                 .spawn(),
             "runs show",
         ),
+        (
+            wasq()
+                .args(["--server", &server, "runs", "list", "--output", "json"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn(),
+            "runs list",
+        ),
     ];
     for (child, what) in cases {
         let mut child = child.unwrap();
@@ -352,6 +368,29 @@ async fn a_closed_pipe_ends_the_cli_quietly() {
             .unwrap();
         assert_eq!(status.code(), Some(0), "{what}: {status}, stderr: {err}");
         assert!(err.is_empty(), "{what} printed to stderr: {err}");
+    }
+    // As typed in a shell: `| head -1`, wasq's own exit code (pipefail).
+    let bin = wasq_tests::e2e_binary();
+    for verb in [
+        "runs show r",
+        "runs list",
+        "runs list --output json",
+        "runs logs r",
+    ] {
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                "set -o pipefail; {} --server {server} {verb} | head -1",
+                bin.display()
+            ))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "`wasq {verb} | head -1`: {err}");
+        assert!(
+            err.is_empty(),
+            "`wasq {verb} | head -1` printed to stderr: {err}"
+        );
     }
     d.stop().await;
 }
