@@ -395,7 +395,7 @@ enum RunsCommand {
         /// Only runs of this function.
         #[arg(long)]
         function: Option<String>,
-        /// Only the child runs of this run.
+        /// Only the child runs of this run (its id or a unique prefix of it).
         #[arg(long)]
         parent: Option<String>,
         /// queued, running, sleeping, waiting, succeeded, failed, cancelled or skipped.

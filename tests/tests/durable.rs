@@ -346,6 +346,22 @@ async fn cancel_can_cascade_to_children() {
         let id = child["id"].as_str().unwrap();
         let run = d.api.wait_run(id, Duration::from_secs(2)).await;
         assert_eq!(run["status"], "cancelled", "{run:#}");
+        // Its reason says who cancelled it, and why.
+        let why = run["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            run["error"]["reason"] == "cancelled"
+                && why.starts_with("by key:")
+                && why.ends_with(&format!("with its ancestor run {parent} (cascade)")),
+            "{run:#}"
+        );
     }
+    // `parent` takes a unique prefix of the id, in any case, like the run routes.
+    let prefix = parent[..30].to_uppercase();
+    let (status, kids) = d.api.get(&format!("/v1/runs?parent={prefix}")).await;
+    assert_eq!(
+        (status, kids.as_array().map(Vec::len)),
+        (200, Some(2)),
+        "{kids}"
+    );
     d.stop().await;
 }

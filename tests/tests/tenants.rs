@@ -187,6 +187,16 @@ async fn missing_bad_and_revoked_keys_get_401() {
     assert_eq!(status, 401);
     let (status, _) = anonymous.put("/v1/functions/x", guest("echo")).await;
     assert_eq!(status, 401);
+    // Its body was never read: the answer says the connection closes, so that the client
+    // does not send its next request on it (that request would be cut).
+    let refused = reqwest::Client::new()
+        .put(format!("{}/v1/functions/x", a.base))
+        .body(guest("echo"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401);
+    assert_eq!(refused.headers()["connection"], "close");
     let (status, _) = anonymous.get("/healthz").await;
     assert_eq!(status, 200, "health needs no key");
 

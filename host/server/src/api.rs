@@ -75,7 +75,32 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/healthz", get(healthz))
         .merge(authenticated)
         .fallback(|| async { ApiError::not_found("no such route") })
+        .layer(axum::middleware::from_fn(close_after_refused_body))
         .with_state(app)
+}
+
+/// A request refused with its body unread (a 401 before an upload, a 413, a 503): hyper
+/// closes the connection after the answer, and without saying so a client may send its
+/// next request on that closing connection (and see it cut). `Connection: close` tells it
+/// to open a new one. Error answers to requests with a body only: they are rare.
+async fn close_after_refused_body(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let has_body = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .is_some_and(|v| v.as_bytes() != b"0")
+        || req.headers().contains_key(header::TRANSFER_ENCODING);
+    let mut resp = next.run(req).await;
+    let refused = resp.status().is_client_error() || resp.status().is_server_error();
+    if has_body && refused {
+        resp.headers_mut().insert(
+            header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+    resp
 }
 
 async fn healthz() -> Json<serde_json::Value> {

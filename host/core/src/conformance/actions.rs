@@ -44,16 +44,8 @@ pub(super) async fn cancel_and_retry_say_who(store: impl Store, clock: ManualClo
         (r.status, r.error.clone()),
         (RunStatus::Running, Some(action.cancel_error()))
     );
-    let error = RunError::new(ErrorReason::Host, "attempt cancelled");
     let r = store
-        .finish(
-            &c.lease,
-            Outcome::Failed {
-                error,
-                retry_in_ms: Some(1),
-                fuel_used: None,
-            },
-        )
+        .finish(&c.lease, failed(ErrorReason::Host, Some(1)))
         .await
         .unwrap();
     assert_eq!(

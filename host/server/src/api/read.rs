@@ -101,11 +101,16 @@ pub(super) async fn list_runs(
             format!("limit must be between 1 and 1000, got {limit}"),
         ));
     }
+    // Like every run route, `parent` takes a unique prefix of an id.
+    let parent = match p.parent {
+        Some(id) => Some(super::actions::resolve(&app, &scope.tenant, &id).await?),
+        None => None,
+    };
     let q = RunQuery {
         tenant: scope.tenant.clone(),
         function: p.function,
         status,
-        parent: p.parent,
+        parent,
         limit,
     };
     let runs = app.store.runs(q).await?;
