@@ -769,14 +769,19 @@ impl RedisStore {
     }
 }
 
+/// The two lines that mark a cut log (run budget, tenant quota), ready for a script's
+/// `append_logs` to store if it cuts there.
+fn cut_markers(args: Args, attempt: u32, at: i64) -> Result<Args, StoreError> {
+    let marker = |why| to_json(&wasq_core::storage::cut_marker(attempt, at, why));
+    Ok(args
+        .b(marker(wasq_core::storage::LogCut::Run)?)
+        .b(marker(wasq_core::storage::LogCut::Tenant)?))
+}
+
 /// The cut markers and the line of a cancel or retry, numbered with the run's attempt
 /// as read just before (a claim in between makes it one short: a label, not a rule).
 fn action_lines(args: Args, req: &RunAction, attempt: u32, now: i64) -> Result<Args, StoreError> {
-    let marker = |why| to_json(&wasq_core::storage::cut_marker(attempt, now, why));
-    Ok(args
-        .b(marker(wasq_core::storage::LogCut::Run)?)
-        .b(marker(wasq_core::storage::LogCut::Tenant)?)
-        .b(to_json(&req.log_line(attempt, now))?))
+    Ok(cut_markers(args, attempt, now)?.b(to_json(&req.log_line(attempt, now))?))
 }
 
 #[async_trait]
@@ -1032,10 +1037,7 @@ impl Store for RedisStore {
         // The lines that mark a cut log, ready for the script to store if it cuts here.
         let markers = |args: Args, lines: &[LogLine]| -> Result<Args, StoreError> {
             let (attempt, at) = lines.first().map_or((0, 0), |l| (l.attempt, l.at));
-            let marker = |why| to_json(&wasq_core::storage::cut_marker(attempt, at, why));
-            Ok(args
-                .b(marker(wasq_core::storage::LogCut::Run)?)
-                .b(marker(wasq_core::storage::LogCut::Tenant)?))
+            cut_markers(args, attempt, at)
         };
         let args = match &record {
             Record::Step {
