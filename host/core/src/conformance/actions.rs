@@ -75,6 +75,15 @@ pub(super) async fn cancel_and_retry_say_who(store: impl Store, clock: ManualClo
         !message.contains('\n') && !message.contains('\x1b'),
         "{message:?}"
     );
+    // And bounded: MAX_ACTION_BY_BYTES of it, then a marker of what was left out.
+    let queued = enqueue(&store, "f", "3").await;
+    let long = RunAction::cancel(DEFAULT_TENANT, &queued.id, &"k".repeat(10_000));
+    let message = store.cancel(long).await.unwrap().error.unwrap().message;
+    assert!(
+        message.starts_with(&format!("by {}", "k".repeat(MAX_ACTION_BY_BYTES)))
+            && message.ends_with(&format!("…[+{} bytes]", 10_000 - MAX_ACTION_BY_BYTES)),
+        "{message}"
+    );
 }
 
 pub(super) async fn run_id_prefixes(store: impl Store, clock: ManualClock) {
