@@ -8,6 +8,7 @@ use std::future::Future;
 
 mod actions;
 mod storage;
+mod waits;
 
 use crate::clock::{Clock, ManualClock, Millis};
 use crate::flow::*;
@@ -174,6 +175,14 @@ where
         (
             "tenants take turns: a backlog cannot delay another tenant's run",
             |s, c| Box::pin(fairness(s, c)),
+        ),
+        (
+            "a waiter hears how the run it waits on ended, however it ended",
+            |s, c| Box::pin(waits::every_end_reaches_the_waiter(s, c)),
+        ),
+        (
+            "a run replaced by its debounce key tells its waiter by whom",
+            |s, c| Box::pin(waits::a_replaced_run_tells_its_waiter(s, c)),
         ),
         (
             "storage usage is the exact sum of what is kept; a purge gives it back",
@@ -794,7 +803,7 @@ async fn lease_loss_cap(store: impl Store, clock: ManualClock) {
         assert!(claims < 20, "lease losses must stop at some point");
         clock.advance(LEASE as i64);
     }
-    assert_eq!(claims, 1 + MAX_LOST_LEASE_EXTRA_ATTEMPTS);
+    assert_eq!(claims, 1 + crate::MAX_LOST_LEASE_EXTRA_ATTEMPTS);
     let d = detail(&store, &run.id).await;
     assert_eq!(d.run.status, RunStatus::Failed);
     assert_eq!(

@@ -25,7 +25,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{ErrorReason, Resolution, RunError};
+use crate::model::{ErrorReason, RunError};
 
 /// Priorities a function or run may ask for.
 pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -1000..=1000;
@@ -271,13 +271,6 @@ pub fn debounced_error(successor: &str) -> RunError {
         ErrorReason::Debounced,
         format!("replaced by run {successor} with the same debounce key"),
     )
-}
-
-/// What a run waiting on a skipped run receives.
-pub fn skipped_resolution(run_id: &str, error: &RunError) -> Resolution {
-    Resolution::Error {
-        message: format!("run {run_id} was skipped: {error}"),
-    }
 }
 
 pub fn check_priority(p: i32) -> Result<(), String> {

@@ -21,7 +21,7 @@ pub trait Store: Send + Sync + 'static {
     /// `skipped`; a debounced run replaces (skips) the pending run of its key and is due
     /// one debounce period from now. Fails with [`StoreError::QuotaExceeded`], creating
     /// nothing, when the run would put the tenant above its `max_queued` (child runs,
-    /// `parent` set, above [`child_queue_limit`]: work already admitted can go on), and
+    /// `parent` set, above [`crate::lifecycle::child_queue_limit`]: work already admitted can go on), and
     /// with [`StoreError::StorageQuota`] over the tenant's storage quotas.
     async fn enqueue(&self, req: EnqueueRequest) -> Result<Enqueued, StoreError>;
     /// Leases up to `limit` due runs (queued; sleeping and due; waiting past its timeout,
@@ -215,24 +215,6 @@ impl RunAction {
 /// The `retry_after_ms` of a refused enqueue: a hint, the backlog usually moves by then.
 pub const QUOTA_RETRY_AFTER_MS: u64 = 1_000;
 
-/// How many queued runs a child run (`invoke`, `call`) may find and still be created: twice
-/// the tenant's `max_queued`. Work already admitted can go on past the quota (an API
-/// client is refused at `max_queued`, a child only at this), but a run that forks children
-/// that fork children cannot grow the queue without bound.
-pub fn child_queue_limit(max_queued: u64) -> u64 {
-    max_queued.saturating_mul(2)
-}
-
-/// The error of an enqueue refused by `max_queued`.
-pub fn queue_quota_exceeded(tenant: &str, max_queued: u64) -> StoreError {
-    StoreError::QuotaExceeded {
-        message: format!(
-            "tenant {tenant:?} has {max_queued} runs queued, its max_queued quota: try again once some have started"
-        ),
-        retry_after_ms: QUOTA_RETRY_AFTER_MS,
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct EventRequest {
     pub tenant: String,
@@ -387,15 +369,6 @@ pub struct PurgeRequest {
     pub failed_before: Millis,
     /// At most this many runs per call, so one purge never holds the store for long.
     pub limit: usize,
-}
-
-/// A run whose worker vanished is handed out again, even past `max_attempts`, because the
-/// loss was usually not the guest's doing; after this many extra attempts it is the guest's.
-pub const MAX_LOST_LEASE_EXTRA_ATTEMPTS: u32 = 3;
-
-/// What a backend does with a run whose lease expired: `true` = fail it for good.
-pub fn lease_loss_is_final(run: &Run) -> bool {
-    run.attempt >= run.settings.retry.max_attempts + MAX_LOST_LEASE_EXTRA_ATTEMPTS
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -24,23 +24,28 @@ use crate::egress::{self, EgressConfig};
 use crate::limits::{MemoryLimiter, Stop};
 use crate::{Journal, RunInfo};
 
-wasmtime::component::bindgen!({
-    path: "../../wit",
-    world: "task",
-    // `trappable`: every import returns `wasmtime::Result`, so a misbehaving guest or a
-    // failing journal ends the attempt with a trap instead of a made-up return value.
-    imports: { default: async | trappable },
-    exports: { default: async },
-    // The world includes wasi:cli/imports and wasi:http/outgoing-handler; without this
-    // bindgen would generate WASI traits of its own for us to implement. wasmtime-wasi's
-    // and wasmtime-wasi-http's implementations are linked instead.
-    with: {
-        "wasi:http": wasmtime_wasi_http::p2::bindings::http,
-        "wasi": wasmtime_wasi::p2::bindings,
-    },
-});
+/// The generated bindings of the `wasq:task` world (its package `wasq:task` becomes
+/// `bindings::wasq::task`; the CLI crate is also called `wasq`, hence the wrapper).
+pub(crate) mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../../wit",
+        world: "task",
+        // `trappable`: every import returns `wasmtime::Result`, so a misbehaving guest or a
+        // failing journal ends the attempt with a trap instead of a made-up return value.
+        imports: { default: async | trappable },
+        exports: { default: async },
+        // The world includes wasi:cli/imports and wasi:http/outgoing-handler; without this
+        // bindgen would generate WASI traits of its own for us to implement. wasmtime-wasi's
+        // and wasmtime-wasi-http's implementations are linked instead.
+        with: {
+            "wasi:http": wasmtime_wasi_http::p2::bindings::http,
+            "wasi": wasmtime_wasi::p2::bindings,
+        },
+    });
+}
 
-use wasq::task::{context, log, progress, step, types};
+pub(crate) use bindings::TaskPre;
+use bindings::wasq::task::{context, log, progress, step, types};
 
 /// Everything one attempt's `Store` owns. Built fresh for every attempt and dropped with it.
 pub(crate) struct State {

@@ -710,7 +710,12 @@ fn describe_import_error(err: &wasmtime::Error) -> String {
 }
 
 enum Ended {
-    Returned(Result<Result<Vec<u8>, host::wasq::task::types::RunError>, (bool, wasmtime::Error)>),
+    Returned(
+        Result<
+            Result<Vec<u8>, host::bindings::wasq::task::types::RunError>,
+            (bool, wasmtime::Error),
+        >,
+    ),
     Backstop,
     Cancelled,
 }

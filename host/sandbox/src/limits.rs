@@ -119,8 +119,8 @@ pub(crate) fn cancelled() -> AttemptError {
 }
 
 /// The guest's own `run-error`.
-pub(crate) fn guest_error(e: crate::host::wasq::task::types::RunError) -> AttemptError {
-    use crate::host::wasq::task::types::RunError as G;
+pub(crate) fn guest_error(e: crate::host::bindings::wasq::task::types::RunError) -> AttemptError {
+    use crate::host::bindings::wasq::task::types::RunError as G;
     let bound = |m: String| escape_controls(&m, true, MAX_ERROR_MESSAGE_BYTES).0;
     match e {
         G::Retryable(m) => failed(ErrorReason::Retryable, bound(m)),

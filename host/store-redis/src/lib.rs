@@ -110,6 +110,7 @@ mod directory;
 mod scripts;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod transition;
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -121,6 +122,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::{Cmd, FromRedisValue, Script, Value};
 use wasq_core::flow::{self, FlowPlan, Gate};
+use wasq_core::lifecycle::{self, Admission};
 use wasq_core::*;
 
 use conn::{AnyConn, BlockSource, Wake, redis_err, timed_out};
@@ -539,12 +541,16 @@ impl RedisStore {
     }
 
     /// The attempt number a cancel's or retry's log line carries.
-    async fn attempt_of(&self, req: &RunAction) -> Result<u32, StoreError> {
+    /// The status and attempt of the run a cancel or retry names, for core to decide on
+    /// (the script checks they did not change); NotFound for no such run of the tenant.
+    async fn status_of(&self, req: &RunAction) -> Result<(RunStatus, u32), StoreError> {
         let key = format!("{}run:{}", self.tenant_prefix(&req.tenant), req.id);
-        let attempt: Option<u32> = self
-            .query(redis::cmd("HGET").arg(key).arg("attempt"))
+        let (status, attempt): (Option<String>, Option<u32>) = self
+            .query(redis::cmd("HMGET").arg(key).arg("status").arg("attempt"))
             .await?;
-        Ok(attempt.unwrap_or(0))
+        let status = status.ok_or_else(|| StoreError::NotFound(format!("run {:?}", req.id)))?;
+        let status = status.parse().map_err(corrupt)?;
+        Ok((status, attempt.unwrap_or(0)))
     }
 
     fn g(&self, key: &str) -> String {
@@ -661,16 +667,41 @@ impl RedisStore {
         req: &ClaimRequest,
         force: bool,
     ) -> Result<Vec<Claimed>, StoreError> {
-        let args = Args::new()
-            .n(limit)
-            .n(req.lease_ms)
-            .s(&req.worker)
-            .b(to_json(&req.worker)?)
-            .s(if force { "1" } else { "0" });
-        let (status, mut rest) = self.script(&scripts::CLAIM, tenant, args).await?;
-        if status != "ok" {
-            return Err(corrupt(format!("claim answered {status}")));
-        }
+        // Expired leases: the first call answers which runs need a transition, the second
+        // brings what core decided for each.
+        let mut reaps: Option<Vec<(String, String, lifecycle::Transition)>> = None;
+        let mut rest = loop {
+            let mut args = Args::new()
+                .n(limit)
+                .n(req.lease_ms)
+                .s(&req.worker)
+                .b(to_json(&req.worker)?)
+                .s(if force { "1" } else { "0" });
+            let now = self.now();
+            match &reaps {
+                None => args = args.s(""),
+                Some(list) => {
+                    args = args.n(list.len());
+                    for (id, token, t) in list {
+                        args = transition::args(args.s(id).s(token), Some(t))?;
+                    }
+                }
+            }
+            let (status, rest) = self.script_at(&scripts::CLAIM, tenant, now, args).await?;
+            match status.as_str() {
+                "ok" => break rest,
+                "reap" if reaps.is_none() => {
+                    let entries = array(rest.into_iter().next().unwrap_or(Value::Nil))?;
+                    reaps = Some(
+                        entries
+                            .into_iter()
+                            .map(|e| expired_transition(e, now))
+                            .collect::<Result<_, _>>()?,
+                    );
+                }
+                other => return Err(corrupt(format!("claim answered {other}"))),
+            }
+        };
         self.published(tenant, &mut rest).await?;
         let items = array(rest.into_iter().next().unwrap_or(Value::Nil))?;
         items
@@ -769,6 +800,36 @@ impl RedisStore {
     }
 }
 
+/// What core decides for a run whose lease expired, from a claim's `reap` entry (id,
+/// lease token, worker, attempt, max_attempts, cancel_requested): (id, token, transition).
+fn expired_transition(
+    entry: Value,
+    now: i64,
+) -> Result<(String, String, lifecycle::Transition), StoreError> {
+    let mut parts = array(entry)?.into_iter();
+    let mut next = || -> Result<String, StoreError> {
+        string(parts.next().ok_or_else(|| corrupt("short reap entry"))?)
+    };
+    let (id, token, worker) = (next()?, next()?, next()?);
+    let number = |s: String| {
+        s.parse::<u32>()
+            .map_err(|e| corrupt(format!("reap entry: {e}")))
+    };
+    let (attempt, max_attempts) = (number(next()?)?, number(next()?)?);
+    let cancel_requested = next()? == "1";
+    let t = lifecycle::lease_expired(
+        lifecycle::Expired {
+            id: &id,
+            attempt,
+            max_attempts,
+            worker: (!worker.is_empty()).then_some(worker.as_str()),
+            cancel_requested,
+        },
+        now,
+    );
+    Ok((id, token, t))
+}
+
 /// The two lines that mark a cut log (run budget, tenant quota), ready for a script's
 /// `append_logs` to store if it cuts there.
 fn cut_markers(args: Args, attempt: u32, at: i64) -> Result<Args, StoreError> {
@@ -779,7 +840,7 @@ fn cut_markers(args: Args, attempt: u32, at: i64) -> Result<Args, StoreError> {
 }
 
 /// The cut markers and the line of a cancel or retry, numbered with the run's attempt
-/// as read just before (a claim in between makes it one short: a label, not a rule).
+/// (the script checks it did not change).
 fn action_lines(args: Args, req: &RunAction, attempt: u32, now: i64) -> Result<Args, StoreError> {
     Ok(cut_markers(args, attempt, now)?.b(to_json(&req.log_line(attempt, now))?))
 }
@@ -878,12 +939,13 @@ impl Store for RedisStore {
                 .opt_n(req.retry.map(|r| r.max_attempts))
                 .s(req.parent.as_deref().unwrap_or(""))
                 .b(fs.blob.clone());
-            let quota = if req.parent.is_none() {
-                QueueQuota::Enforce
+            let admission = if req.parent.is_none() {
+                Admission::Run
             } else {
-                QueueQuota::Child
+                Admission::Child
             };
-            let args = flow_args(args, &plan, &id, quota)?;
+            let debounced = self.debounced_run(&req.tenant, &plan).await?;
+            let args = flow_args(args, &plan, &id, Some(admission), &debounced)?;
             let (status, mut rest) = self
                 .script_at(&scripts::ENQUEUE, &req.tenant, now, args)
                 .await?;
@@ -1062,80 +1124,96 @@ impl Store for RedisStore {
     }
 
     async fn finish(&self, lease: &Lease, outcome: Outcome) -> Result<Run, StoreError> {
+        let now = self.now();
+        // The script knows whether the run resumed and whether its cancel was requested:
+        // it picks the transition computed for its case.
+        let ending = |resumed, cancel_requested| lifecycle::Ending {
+            id: &lease.run_id,
+            cancel_requested,
+            resumed,
+        };
+        let fresh = lifecycle::finish(ending(false, false), &outcome, now);
+        let resumed = lifecycle::finish(ending(true, false), &outcome, now);
+        let cancelled = lifecycle::finish(ending(false, true), &outcome, now);
         let args = Args::new().s(&lease.run_id).n(lease.token);
-        // A success's reply leaves out the output, which is this one.
-        let mut sent_output = None;
-        let args = match outcome {
-            Outcome::Succeeded { output, fuel_used } => {
-                let resolution = Resolution::Output {
-                    output: bytes_as_json::to_value(&output),
+        let args = transition::args(args, Some(&fresh))?;
+        let args = transition::args(args, (resumed != fresh).then_some(&resumed))?;
+        let args = transition::args(args, (cancelled != fresh).then_some(&cancelled))?;
+        let args = match &outcome {
+            Outcome::Waiting { wait, .. } => {
+                let (on, target) = match &wait.on {
+                    WaitOn::Event { name, .. } => ("event", name.clone()),
+                    WaitOn::Run { id } => ("run", id.clone()),
                 };
-                sent_output = Some(output.clone());
-                args.s("succeeded")
-                    .b(output)
-                    .opt_n(fuel_used)
-                    .b(resolution.to_bytes())
-            }
-            Outcome::Failed {
-                error,
-                retry_in_ms,
-                fuel_used,
-            } => {
-                let resolution = Resolution::Error {
-                    message: error.to_string(),
-                };
-                args.s("failed")
-                    .b(to_json(&error)?)
-                    .opt_n(retry_in_ms)
-                    .opt_n(fuel_used)
-                    .b(resolution.to_bytes())
-            }
-            Outcome::Waiting { wait, fuel_used } => {
-                let (on, target, missing) = match &wait.on {
-                    WaitOn::Event { name, .. } => ("event", name.clone(), Vec::new()),
-                    WaitOn::Run { id } => (
-                        "run",
-                        id.clone(),
-                        Resolution::Error {
-                            message: format!("run {id} not found"),
-                        }
-                        .to_bytes(),
-                    ),
-                };
-                args.s("waiting")
-                    .b(to_json(&wait)?)
+                let missing = lifecycle::missing_run_resolution(&target).to_bytes();
+                args.b(to_json(wait)?)
                     .s(decode::step_field(&wait.step, wait.occurrence))
                     .opt_n(wait.until)
-                    .n(wait.until.unwrap_or(i64::MAX))
                     .s(on)
                     .s(target)
                     .b(missing)
-                    .opt_n(fuel_used)
             }
-            Outcome::Suspended { until, fuel_used } => {
-                args.s("suspended").n(until).opt_n(fuel_used)
-            }
-            Outcome::Released => args.s("released"),
+            _ => args,
         };
-        let (status, mut rest) = self.script(&scripts::FINISH, &lease.tenant, args).await?;
+        // A success's reply leaves out the output, which is this one.
+        let sent_output = fresh.output;
+        let (status, mut rest) = self
+            .script_at(&scripts::FINISH, &lease.tenant, now, args)
+            .await?;
         lease_status(&status, lease, &rest)?;
         self.published(&lease.tenant, &mut rest).await?;
         self.run_from(rest.into_iter().next().unwrap_or(Value::Nil), sent_output)
     }
 
     async fn cancel(&self, req: RunAction) -> Result<Run, StoreError> {
-        let attempt = self.attempt_of(&req).await?;
-        let args = Args::new().s(&req.id).b(to_json(&req.cancel_error())?);
-        let args = action_lines(args, &req, attempt, self.now())?;
-        let (status, rest) = self.script(&scripts::CANCEL, &req.tenant, args).await?;
-        self.ended_run(&req.tenant, &req.id, status, rest).await
+        for _ in 0..STALE_RETRIES {
+            let (status, attempt) = self.status_of(&req).await?;
+            let now = self.now();
+            let plan = lifecycle::cancel(&req.id, status, req.cancel_error(), now)?;
+            let args = Args::new()
+                .s(&req.id)
+                .s(status.as_str())
+                .s(if plan.is_some() { "end" } else { "mark" })
+                .b(to_json(&req.cancel_error())?);
+            let args = transition::args(args, plan.as_ref())?;
+            let args = action_lines(args, &req, attempt, now)?;
+            let (status, rest) = self
+                .script_at(&scripts::CANCEL, &req.tenant, now, args)
+                .await?;
+            if status != "stale" {
+                return self.ended_run(&req.tenant, &req.id, status, rest).await;
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "run {} kept changing during the cancel; try again",
+            req.id
+        )))
     }
 
     async fn retry(&self, req: RunAction) -> Result<Run, StoreError> {
-        let attempt = self.attempt_of(&req).await?;
-        let args = action_lines(Args::new().s(&req.id), &req, attempt, self.now())?;
-        let (status, rest) = self.script(&scripts::RETRY, &req.tenant, args).await?;
-        self.ended_run(&req.tenant, &req.id, status, rest).await
+        for _ in 0..STALE_RETRIES {
+            let (status, attempt) = self.status_of(&req).await?;
+            let now = self.now();
+            let retry = lifecycle::retry(&req.id, status, attempt, now)?;
+            let args = Args::new()
+                .s(&req.id)
+                .s(status.as_str())
+                .n(attempt)
+                .n(retry.extra_attempts)
+                .n(Admission::Run.cap_factor());
+            let args = transition::args(args, Some(&retry.transition))?;
+            let args = action_lines(args, &req, attempt, now)?;
+            let (status, rest) = self
+                .script_at(&scripts::RETRY, &req.tenant, now, args)
+                .await?;
+            if status != "stale" {
+                return self.ended_run(&req.tenant, &req.id, status, rest).await;
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "run {} kept changing during the retry; try again",
+            req.id
+        )))
     }
 
     async fn run_ids(
@@ -1206,10 +1284,10 @@ impl Store for RedisStore {
             }
             args = args.n(subscribers.len());
             let now = self.now();
-            for (function, blob, plan) in &subscribers {
+            for (function, blob, plan, debounced) in &subscribers {
                 let id = wasq_core::ids::new_run_id(now);
                 args = args.s(function).s(&id).b(blob.clone());
-                args = flow_args(args, plan, &id, QueueQuota::Checked)?;
+                args = flow_args(args, plan, &id, None, debounced)?;
             }
             let (status, mut rest) = self
                 .script_at(&scripts::SEND_EVENT, &req.tenant, now, args)
@@ -1530,9 +1608,6 @@ impl RedisStore {
                 let max = self.max_queued(tenant).await;
                 Err(queue_quota_exceeded(tenant, max))
             }
-            "conflict" => Err(StoreError::Conflict(string(
-                rest.into_iter().next().unwrap_or(Value::Nil),
-            )?)),
             other => Err(corrupt(format!("answered {other}"))),
         }
     }
@@ -1578,6 +1653,19 @@ impl RedisStore {
         }
     }
 
+    /// The run a debounced plan's key points to now (`""`: none, or no debounce), which
+    /// the new run would replace if it has not started.
+    async fn debounced_run(&self, tenant: &str, plan: &FlowPlan) -> Result<String, StoreError> {
+        let Some(gate) = &plan.debounce else {
+            return Ok(String::new());
+        };
+        let key = format!("{}deb", self.tenant_prefix(tenant));
+        let id: Option<String> = self
+            .query(redis::cmd("HGET").arg(key).arg(&gate.id))
+            .await?;
+        Ok(id.unwrap_or_default())
+    }
+
     /// The functions an event starts, in name order, with their settings blobs and the
     /// flow plan for the event's data.
     async fn subscribers(
@@ -1585,7 +1673,7 @@ impl RedisStore {
         tenant: &str,
         event: &str,
         data: &str,
-    ) -> Result<Vec<(String, Vec<u8>, FlowPlan)>, StoreError> {
+    ) -> Result<Vec<(String, Vec<u8>, FlowPlan, String)>, StoreError> {
         let prefix = self.tenant_prefix(tenant);
         let mut names: Vec<String> = self
             .query(redis::cmd("SMEMBERS").arg(format!("{prefix}sub:{event}")))
@@ -1597,7 +1685,8 @@ impl RedisStore {
                 Some(fs) => (fs.blob.clone(), fs.flow.plan(&name, data.as_bytes(), None)),
                 None => (Vec::new(), FlowPlan::default()),
             };
-            out.push((name, blob, plan));
+            let debounced = self.debounced_run(tenant, &plan).await?;
+            out.push((name, blob, plan, debounced));
         }
         Ok(out)
     }
@@ -1661,19 +1750,17 @@ impl RedisStore {
     }
 }
 
-/// Which `max_queued` an enqueue script applies to a new run.
-#[derive(Debug, Clone, Copy)]
-enum QueueQuota {
-    /// The tenant's `max_queued` (a run from the API, cron, an event).
-    Enforce,
-    /// [`wasq_core::child_queue_limit`] of it (a child run).
-    Child,
-    /// None here: the caller checked it for a whole batch (an event's subscribers).
-    Checked,
-}
-
 /// Appends the FLOW_ARGS flow arguments of run `id` (see `read_flow` in the scripts).
-fn flow_args(args: Args, plan: &FlowPlan, id: &str, quota: QueueQuota) -> Result<Args, StoreError> {
+/// `admission`: the `max_queued` the script applies (`None`: the caller checked it for a
+/// batch, an event's subscribers). `debounced`: the run the debounce key pointed to when
+/// read (`""`: none); the script answers `stale` if it changed.
+fn flow_args(
+    args: Args,
+    plan: &FlowPlan,
+    id: &str,
+    admission: Option<Admission>,
+    debounced: &str,
+) -> Result<Args, StoreError> {
     let gate = |g: &Option<Gate>| {
         g.as_ref()
             .map_or((String::new(), String::new(), String::new()), |g| {
@@ -1685,7 +1772,7 @@ fn flow_args(args: Args, plan: &FlowPlan, id: &str, quota: QueueQuota) -> Result
     let (rgate, rlimit, rperiod) = gate(&plan.rate_limit);
     let (dgate, _, dperiod) = gate(&plan.debounce);
     let rate_limited = plan.rate_limited_error();
-    let debounced = flow::debounced_error(id);
+    let (debounced, debounced_run) = (flow::debounced_error(id), debounced);
     let args = args
         .n(plan.priority)
         .n(plan.rank_offset)
@@ -1705,14 +1792,15 @@ fn flow_args(args: Args, plan: &FlowPlan, id: &str, quota: QueueQuota) -> Result
             to_json(&plan.keys)?
         })
         .b(to_json(&rate_limited)?)
-        .b(flow::skipped_resolution(id, &rate_limited).to_bytes())
+        .b(lifecycle::skipped_resolution(id, &rate_limited).to_bytes())
         .b(to_json(&debounced)?)
-        .s(debounced.to_string())
-        .s(match quota {
-            QueueQuota::Enforce => "1",
-            QueueQuota::Child => "2",
-            QueueQuota::Checked => "0",
-        });
+        .s(debounced_run)
+        .b(if debounced_run.is_empty() {
+            Vec::new()
+        } else {
+            lifecycle::skipped_resolution(debounced_run, &debounced).to_bytes()
+        })
+        .n(admission.map_or(0, Admission::cap_factor));
     Ok(args)
 }
 

@@ -11,14 +11,20 @@
 //! - Numbers Lua computes are written with `I()` (`%d`), so a millisecond timestamp never
 //!   turns into `1.7e+12`; numbers Lua only copies stay the strings Rust sent.
 //! - Blobs (input, output, settings, error, wait, resolutions, log lines) are opaque: Lua
-//!   copies them and never round-trips them through cjson. cjson only encodes plain strings
-//!   (a worker name inside a message) and decodes the event-name list of a function.
+//!   copies them and never round-trips them through cjson; no script builds JSON or a
+//!   message (cjson only decodes the event-name list of a function).
+//! - Lua decides nothing about a run's life: what a finish, a lost lease, a cancel or a
+//!   retry does is a transition computed by `wasq_core::lifecycle` and passed in
+//!   (`read_transition`, `apply`); where the script alone knows the case (a run resumed,
+//!   its cancel requested) Rust sends a transition per case and the script picks. Scripts
+//!   check leases and versions (a status read before, a debounce key's run) and answer
+//!   `stale` when they moved.
 //! - Replies are arrays whose first element is a status word; `false` stands for "none".
 
 use std::sync::LazyLock;
 
 use redis::Script;
-use wasq_core::{IDEMPOTENCY_WINDOW_MS, MAX_LOST_LEASE_EXTRA_ATTEMPTS};
+use wasq_core::IDEMPOTENCY_WINDOW_MS;
 
 use crate::decode::RUN_FIELDS;
 
@@ -28,7 +34,7 @@ pub(crate) const REAP_BATCH: usize = 200;
 /// Wake-up tokens kept in the wake list.
 pub(crate) const WAKE_LIST_MAX: usize = 64;
 /// Flow-control arguments per run (`read_flow` in the prelude; `flow_args` in lib.rs).
-pub(crate) const FLOW_ARGS: usize = 18;
+pub(crate) const FLOW_ARGS: usize = 19;
 /// Due runs one claim moves into the lane at most.
 pub(crate) const PROMOTE_BATCH: usize = 1000;
 /// Gate checks one claim may fail (parking those runs) before it stops for now.
@@ -40,9 +46,9 @@ local G = ARGV[2]
 local NOW = tonumber(ARGV[3])
 local TENANT = ARGV[4]
 local WINDOW = @WINDOW@
-local MAXLOST = @MAXLOST@
 local WAKEMAX = @WAKEMAX@
 local FLOW_ARGS = @FLOW_ARGS@
+local T_ARGS = @T_ARGS@
 
 local function I(n) return string.format('%d', n) end
 local function runkey(id) return P .. 'run:' .. id end
@@ -321,10 +327,6 @@ local function append_logs(id, first, mrun, mtenant)
   charge(id, added, 'lbytes')
 end
 
-local function cancelled_resolution(id)
-  return '{"error":{"message":' .. cjson.encode('run ' .. id .. ' was cancelled') .. '}}'
-end
-
 -- Ends a wait: the resolution becomes the waiting step's output and the run is due now as
 -- a resume of its current attempt.
 local function resolve_wait(id, resolution)
@@ -355,6 +357,53 @@ local function resolve_waiters_of(id)
   return n
 end
 
+-- A transition computed by wasq_core::lifecycle (T_ARGS arguments from ARGV[i], see
+-- transition.rs); nil when ARGV[i] is '' (none sent).
+local function read_transition(i)
+  if ARGV[i] == '' then return nil end
+  local a = function(k) return ARGV[i + k] end
+  return {
+    status = a(0), errmode = a(1), err = a(2), hasout = a(3), out = a(4), due = a(5),
+    fin = a(6), giveback = a(7), exec = a(8), eerr = a(9), efuel = a(10), esusp = a(11),
+    res = a(12), uexec = a(13), ufuel = a(14), clearcancel = a(15),
+  }
+end
+
+-- Writes transition `t` of run `id`: its history, its tenant's usage, its hash and every
+-- index (`move`, which takes `pre` and `extra` fields). It decides nothing: whatever the
+-- transition says is stored. Returns whether the run is now claimable at once.
+local function apply(id, t, pre, extra)
+  local rk = runkey(id)
+  if t.exec == 'close' then
+    close_attempt(id, t.eerr, t.efuel, t.esusp)
+  elseif t.exec == 'drop' then
+    local att = redis.call('RPOP', P .. 'att:' .. id)
+    if att then
+      local worker = string.match(att, '^[^|]*|[^|]*|(.*)$') or ''
+      charge(id, -(C_ATT + #worker))
+    end
+  end
+  if t.uexec == '1' then
+    redis.call('HINCRBY', P .. 'usage', 'attempts', 1)
+    if t.ufuel ~= '' then redis.call('HINCRBY', P .. 'usage', 'fuel', t.ufuel) end
+  end
+  local fields, gone = extra or {}, { 'lease_expires_at', 'worker' }
+  local function set(k, v) fields[#fields + 1] = k; fields[#fields + 1] = v end
+  if t.errmode == 's' then set('error', t.err) elseif t.errmode == 'c' then gone[#gone + 1] = 'error' end
+  if t.hasout == '1' then set('output', t.out) end
+  if t.due ~= '' then set('due_at', t.due) end
+  if t.fin ~= '' then set('finished_at', t.fin) else gone[#gone + 1] = 'finished_at' end
+  if t.res ~= '' then set('resolution', t.res) else gone[#gone + 1] = 'resolution' end
+  if t.clearcancel == '1' then set('cancel_requested', '0') end
+  if t.giveback == '1' then
+    set('attempt', I(tonumber(redis.call('HGET', rk, 'attempt')) - 1))
+  end
+  move(id, t.status, fields, pre)
+  drop_blobs(id, unpack(gone))
+  return (t.status == 'queued' or t.status == 'sleeping')
+    and tonumber(redis.call('HGET', rk, 'due_at')) <= NOW
+end
+
 -- The sliding window of a throttle or rate limit (`win:<gate>`, newest first, at most
 -- `limit` entries): the time it opens when `limit` entries fall in the last `period`,
 -- nil when there is room.
@@ -376,8 +425,8 @@ local function read_flow(i)
   return {
     prio = a(0), offset = a(1), cgate = a(2), climit = a(3), tgate = a(4), tlimit = a(5),
     tperiod = a(6), rgate = a(7), rlimit = a(8), rperiod = a(9), dgate = a(10),
-    dperiod = a(11), keys = a(12), rerr = a(13), rres = a(14), derr = a(15), dmsg = a(16),
-    enforce = a(17),
+    dperiod = a(11), keys = a(12), rerr = a(13), rres = a(14), derr = a(15), dprev = a(16),
+    dres = a(17), enforce = a(18),
   }
 end
 
@@ -418,14 +467,16 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
   end
   local replaced = nil
   if status == 'queued' and fl.dgate ~= '' then
+    -- Rust computed the replaced run's resolution for the run the key pointed to.
     local prev = redis.call('HGET', P .. 'deb', fl.dgate)
+    if (prev or '') ~= fl.dprev then return nil, false, 'stale', 0 end
     if prev then
       local r = redis.call('HMGET', runkey(prev), 'status', 'attempt')
       if r[1] == 'queued' and r[2] == '0' then replaced = prev end
     end
   end
-  -- fl.enforce: '1' the tenant's max_queued; '2' twice it (child runs, see
-  -- wasq_core::child_queue_limit); '0' none (checked by the caller).
+  -- fl.enforce: how many times the tenant's max_queued the queue may hold
+  -- (wasq_core::lifecycle::Admission::cap_factor); '0' none (checked by the caller).
   if status == 'queued' and fl.enforce ~= '0' then
     local maxq = redis.call('HGET', P .. 'quotas', 'max_queued')
     local adding = 1
@@ -441,8 +492,7 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
   if idem ~= '' then redis.call('HSET', ik, idem, I(NOW) .. ':' .. id) end
   local woke = 0
   if replaced then
-    local res = '{"error":{"message":' .. cjson.encode('run ' .. replaced .. ' was skipped: ' .. fl.dmsg) .. '}}'
-    move(replaced, 'skipped', { 'error', fl.derr, 'finished_at', I(NOW), 'resolution', res })
+    move(replaced, 'skipped', { 'error', fl.derr, 'finished_at', I(NOW), 'resolution', fl.dres })
     woke = resolve_waiters_of(replaced)
   end
   if due == '' then due = I(NOW) end
@@ -589,11 +639,25 @@ fn tenant_script(body: &str) -> Script {
         )
         .replace("@APPLY_HINT@", APPLY_HINT)
         .replace("@WINDOW@", &IDEMPOTENCY_WINDOW_MS.to_string())
-        .replace("@MAXLOST@", &MAX_LOST_LEASE_EXTRA_ATTEMPTS.to_string())
+        .replace("@T_ARGS@", &crate::transition::T_ARGS.to_string())
+        .replace(
+            "@TIMED_OUT@",
+            &lua_bytes(&wasq_core::Resolution::TimedOut.to_bytes()),
+        )
         .replace("@WAKEMAX@", &WAKE_LIST_MAX.to_string())
         .replace("@FLOW_ARGS@", &FLOW_ARGS.to_string())
         .replace("@RUN_FIELDS@", &lua_strings(RUN_FIELDS));
     Script::new(&src)
+}
+
+/// A Lua string literal of `bytes` (every byte escaped: no quoting rules to get wrong).
+fn lua_bytes(bytes: &[u8]) -> String {
+    let mut out = String::from("'");
+    for b in bytes {
+        out.push_str(&format!("\\{b:03}"));
+    }
+    out.push('\'');
+    out
 }
 
 /// `'a', 'b', ...`: a Lua table's elements.
@@ -690,35 +754,41 @@ pub(crate) static CLAIM: LazyLock<Script> = LazyLock::new(|| {
         r#"
 local LIMIT, LEASE, WORKER, WORKER_JSON = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], ARGV[8]
 local wake = 0
--- Runs whose worker stopped renewing: queued again, or ended for good.
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'leases', '-inf', NOW, 'LIMIT', 0, {reap})) do
-  local rk = runkey(id)
-  local r = redis.call('HMGET', rk, 'status', 'worker', 'attempt', 'max_attempts', 'cancel_requested')
+-- Runs whose worker stopped renewing. What becomes of each (queued again, failed for
+-- good, cancelled) is wasq_core::lifecycle::lease_expired's to say: without transitions
+-- (ARGV[10] = '') the script only answers which runs need one; with them (ARGV[10] = n,
+-- then n × (id, lease token, T_ARGS transition)) it applies each to a run still under
+-- that lease, and leaves runs that expired in between to the next claim.
+local expired = redis.call('ZRANGEBYSCORE', P .. 'leases', '-inf', NOW, 'LIMIT', 0, {reap})
+if ARGV[10] == '' then
+  local need = {{}}
+  for _, id in ipairs(expired) do
+    local r = redis.call('HMGET', runkey(id), 'status', 'lease_token', 'worker', 'attempt',
+      'max_attempts', 'cancel_requested')
+    if r[1] == 'running' then need[#need + 1] = {{ id, r[2], r[3] or '', r[4], r[5], r[6] }} end
+  end
+  if #need > 0 then return {{ 'reap', need }} end
+end
+local given = {{}}
+if ARGV[10] ~= '' then
+  for j = 0, tonumber(ARGV[10]) - 1 do
+    local o = 11 + j * (2 + T_ARGS)
+    given[ARGV[o]] = {{ ARGV[o + 1], o + 2 }}
+  end
+end
+for _, id in ipairs(expired) do
+  local r = redis.call('HMGET', runkey(id), 'status', 'lease_token')
   if r[1] ~= 'running' then
     redis.call('ZREM', P .. 'leases', id)
-  else
-    local msg = 'worker ' .. (r[2] or '?') .. ' stopped renewing its lease during attempt ' .. r[3]
-    local err = '{{"reason":"lease_expired","message":' .. cjson.encode(msg) .. '}}'
-    close_attempt(id, err, '', '')
-    if r[5] == '1' then
-      -- It keeps the cancel's reason; the attempt records the lost lease.
-      move(id, 'cancelled', {{ 'due_at', I(NOW), 'finished_at', I(NOW),
-        'resolution', cancelled_resolution(id) }})
-    elseif tonumber(r[3]) >= tonumber(r[4]) + MAXLOST then
-      move(id, 'failed', {{ 'error', err, 'due_at', I(NOW), 'finished_at', I(NOW),
-        'resolution', '{{"error":{{"message":' .. cjson.encode('lease_expired: ' .. msg) .. '}}}}' }})
-    else
-      move(id, 'queued', {{ 'error', err, 'due_at', I(NOW) }})
-      wake = wake + 1
-    end
-    redis.call('HDEL', rk, 'lease_expires_at', 'worker')
+  elseif given[id] and given[id][1] == r[2] then
+    if apply(id, read_transition(given[id][2])) then wake = wake + 1 end
     wake = wake + resolve_waiters_of(id)
   end
 end
 -- Waits whose time is up resolve as timed out.
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'timeouts', '-inf', NOW, 'LIMIT', 0, {reap})) do
   if redis.call('HGET', runkey(id), 'status') == 'waiting' then
-    resolve_wait(id, '"timed_out"')
+    resolve_wait(id, @TIMED_OUT@)
     wake = wake + 1
   else
     redis.call('ZREM', P .. 'timeouts', id)
@@ -881,66 +951,42 @@ return { 'ok' }
     )
 });
 
-/// ARGV[5..]: id, token, kind, then by kind:
-/// - succeeded: output, fuel or '', resolution
-/// - failed: error JSON, retry_in_ms or '', fuel or '', resolution (when final)
-/// - waiting: wait JSON, step field, until or '', due_at, 'event'|'run', event name or run
-///   id, resolution for a missing run, fuel or ''
-/// - suspended: until, fuel or ''
-/// - released
+/// ARGV[5..]: id, token, then three transitions of T_ARGS each, computed by
+/// `wasq_core::lifecycle::finish` (the outcome's; for a run that resumed, '' when the
+/// same; for a run whose cancel was requested, '' when the outcome stands), then for a
+/// wait: wait JSON, step field, until or '', 'event'|'run', event name or run id, the
+/// resolution of a missing run.
 pub(crate) static FINISH: LazyLock<Script> = LazyLock::new(|| {
     tenant_script(
         r#"
-local ID, KIND = ARGV[5], ARGV[7]
+local ID = ARGV[5]
 local rk = runkey(ID)
 -- MOVE_FIELDS first (handed to the one move of this run below), then the lease and the
--- attempt.
+-- flags that pick the transition.
 local m = redis.call('HMGET', rk, 'status', 'created_at', 'wait_event', 'wait_run', 'cgate',
-  'parked', 'lease_token', 'resumed', 'cancel_requested', 'attempt')
+  'parked', 'lease_token', 'resumed', 'cancel_requested')
 if not m[1] then return { 'not_found' } end
 if m[1] ~= 'running' or m[7] ~= ARGV[6] then return { 'lease_lost' } end
+local t = read_transition(7)
+if m[9] == '1' and ARGV[7 + 2 * T_ARGS] ~= '' then
+  t = read_transition(7 + 2 * T_ARGS)
+elseif m[8] == '1' and ARGV[7 + T_ARGS] ~= '' then
+  t = read_transition(7 + T_ARGS)
+end
 -- An output over a storage quota is refused before anything changes; the worker then
 -- fails the run (an error is always stored). It is kept twice, as the run's output and
 -- in the resolution its waiters receive, and charged by `move`.
-if KIND == 'succeeded' then
-  local full = run_full(ID, run_bytes(ID), mem(#ARGV[8]) + mem(#ARGV[10]))
+if t.hasout == '1' then
+  local full = run_full(ID, run_bytes(ID), mem(#t.out) + mem(#t.res))
   if full then return full end
 end
-local r = { m[8], m[9], m[10] }
+local W = 7 + 3 * T_ARGS
+local extra = nil
+if t.status == 'waiting' then extra = { 'wait', ARGV[W], 'wait_step', ARGV[W + 1] } end
 local wake = 0
--- The tenant's usage (billing): every ended execution, with the fuel it burned.
-if KIND ~= 'released' then
-  local fuel = ''
-  if KIND == 'succeeded' then fuel = ARGV[9] elseif KIND == 'failed' then fuel = ARGV[10]
-  elseif KIND == 'suspended' then fuel = ARGV[9] elseif KIND == 'waiting' then fuel = ARGV[15] end
-  redis.call('HINCRBY', P .. 'usage', 'attempts', 1)
-  if fuel ~= '' then redis.call('HINCRBY', P .. 'usage', 'fuel', fuel) end
-end
-if r[2] == '1' and KIND ~= 'succeeded' then
-  local err, fuel = '', ''
-  if KIND == 'failed' then err, fuel = ARGV[8], ARGV[10] end
-  close_attempt(ID, err, fuel, '')
-  move(ID, 'cancelled', { 'finished_at', I(NOW), 'resolution', cancelled_resolution(ID) }, m)
-  redis.call('HDEL', rk, 'lease_expires_at', 'worker')
-elseif KIND == 'succeeded' then
-  close_attempt(ID, '', ARGV[9], '')
-  move(ID, 'succeeded', { 'output', ARGV[8], 'finished_at', I(NOW), 'resolution', ARGV[10] }, m)
-  drop_blobs(ID, 'error', 'lease_expires_at')
-elseif KIND == 'failed' then
-  close_attempt(ID, ARGV[8], ARGV[10], '')
-  if ARGV[9] ~= '' then
-    local due = NOW + tonumber(ARGV[9])
-    move(ID, 'queued', { 'error', ARGV[8], 'due_at', I(due) }, m)
-    if due <= NOW then wake = 1 end
-  else
-    move(ID, 'failed', { 'error', ARGV[8], 'finished_at', I(NOW), 'resolution', ARGV[11] }, m)
-  end
-  redis.call('HDEL', rk, 'lease_expires_at', 'worker')
-elseif KIND == 'waiting' then
-  local until_, due, on, target = ARGV[10], ARGV[11], ARGV[12], ARGV[13]
-  close_attempt(ID, '', '', due)
-  move(ID, 'waiting', { 'due_at', due, 'wait', ARGV[8], 'wait_step', ARGV[9] }, m)
-  redis.call('HDEL', rk, 'lease_expires_at', 'worker')
+if apply(ID, t, m, extra) then wake = 1 end
+if t.status == 'waiting' then
+  local until_, on, target = ARGV[W + 2], ARGV[W + 3], ARGV[W + 4]
   if until_ ~= '' then redis.call('ZADD', P .. 'timeouts', until_, ID) end
   if on == 'event' then
     local ver = redis.call('HINCRBY', P .. 'waitver', target, 1)
@@ -950,46 +996,28 @@ elseif KIND == 'waiting' then
     redis.call('HSET', rk, 'wait_run', target)
     redis.call('SADD', P .. 'rw:' .. target, ID)
     -- A run that already ended resolves the wait at once.
-    local t = redis.call('HMGET', runkey(target), 'status', 'resolution')
-    if not t[1] then
-      resolve_wait(ID, ARGV[14])
+    local r = redis.call('HMGET', runkey(target), 'status', 'resolution')
+    if not r[1] then
+      resolve_wait(ID, ARGV[W + 5])
       wake = 1
-    elseif t[2] then
-      resolve_wait(ID, t[2])
+    elseif r[2] then
+      resolve_wait(ID, r[2])
       wake = 1
     end
   end
-elseif KIND == 'suspended' then
-  close_attempt(ID, '', '', ARGV[8])
-  move(ID, 'sleeping', { 'due_at', ARGV[8] }, m)
-  redis.call('HDEL', rk, 'lease_expires_at', 'worker')
-  if tonumber(ARGV[8]) <= NOW then wake = 1 end
-else
-  -- Released: put the run back exactly as it was claimed. A resumed sleeper stays a
-  -- resume (same attempt); a fresh attempt is given back uncounted.
-  local att = redis.call('RPOP', P .. 'att:' .. ID)
-  if att then
-    local worker = string.match(att, '^[^|]*|[^|]*|(.*)$') or ''
-    charge(ID, -(C_ATT + #worker))
-  end
-  if r[1] == '1' then
-    move(ID, 'sleeping', { 'due_at', I(NOW) }, m)
-  else
-    move(ID, 'queued', { 'attempt', I(tonumber(r[3]) - 1), 'due_at', I(NOW) }, m)
-  end
-  redis.call('HDEL', rk, 'lease_expires_at', 'worker')
-  wake = 1
 end
 wake = wake + resolve_waiters_of(ID)
 local pub = publish(wake, false)
 -- A success stores the output the caller sent: the reply leaves it out.
-return { 'ok', pub or false, run_fields(ID, KIND == 'succeeded') }
+return { 'ok', pub or false, run_fields(ID, t.hasout == '1') }
 "#,
     )
 });
 
-/// ARGV[5..]: id, error JSON (the cancel's reason), the two log-cut markers and the log
-/// line (`RunAction::log_line`).
+/// ARGV[5..]: id, the status the transition was computed for, 'mark' (a running run:
+/// its cancel is requested) or 'end', the cancel's error JSON, a T_ARGS transition (for
+/// 'end'), the two log-cut markers and the log line (`RunAction::log_line`). `stale` when
+/// the run's status changed since.
 pub(crate) static CANCEL: LazyLock<Script> = LazyLock::new(|| {
     tenant_script(
         r#"
@@ -997,24 +1025,26 @@ local ID = ARGV[5]
 local rk = runkey(ID)
 local status = redis.call('HGET', rk, 'status')
 if not status then return { 'not_found' } end
-if TERMINAL[status] then return { 'conflict', 'run ' .. ID .. ' is already ' .. status } end
+if status ~= ARGV[6] then return { 'stale' } end
 local wake = 0
-if status == 'running' then
-  local fields = { 'error', ARGV[6] }
+if ARGV[7] == 'mark' then
+  local fields = { 'error', ARGV[8] }
   charge(ID, blob_delta(rk, fields))
   redis.call('HSET', rk, 'cancel_requested', '1', 'updated_at', I(NOW), unpack(fields))
 else
-  move(ID, 'cancelled', { 'error', ARGV[6], 'finished_at', I(NOW), 'resolution', cancelled_resolution(ID) })
+  apply(ID, read_transition(9))
   wake = resolve_waiters_of(ID)
 end
-append_logs(ID, 9, ARGV[7], ARGV[8])
+append_logs(ID, 11 + T_ARGS, ARGV[9 + T_ARGS], ARGV[10 + T_ARGS])
 local pub = publish(wake, false)
 return { 'ok', pub or false, run_fields(ID) }
 "#,
     )
 });
 
-/// ARGV[5..]: id, the two log-cut markers, the log line as for [`CANCEL`].
+/// ARGV[5..]: id, the status and attempt the retry was computed for, the attempts it
+/// grants, the cap factor of max_queued, a T_ARGS transition, the two log-cut markers and
+/// the log line. `stale` when the run changed since.
 pub(crate) static RETRY: LazyLock<Script> = LazyLock::new(|| {
     tenant_script(
         r#"
@@ -1022,18 +1052,16 @@ local ID = ARGV[5]
 local rk = runkey(ID)
 local r = redis.call('HMGET', rk, 'status', 'attempt')
 if not r[1] then return { 'not_found' } end
-if r[1] ~= 'failed' and r[1] ~= 'cancelled' then
-  return { 'conflict', 'run ' .. ID .. ' is ' .. r[1] .. ': only failed or cancelled runs can be retried' }
-end
+if r[1] ~= ARGV[6] or r[2] ~= ARGV[7] then return { 'stale' } end
 -- A retried run is queued like a new one: the tenant's max_queued applies.
 local maxq = redis.call('HGET', P .. 'quotas', 'max_queued')
-if maxq and redis.call('ZCARD', P .. 'st:queued') + 1 > tonumber(maxq) then
+if maxq and redis.call('ZCARD', P .. 'st:queued') + 1 > tonumber(maxq) * tonumber(ARGV[9]) then
   return { 'quota' }
 end
-redis.call('HINCRBY', rk, 'max_attempts', tonumber(r[2]))
-move(ID, 'queued', { 'due_at', I(NOW), 'cancel_requested', '0' })
-drop_blobs(ID, 'finished_at', 'resolution')
-append_logs(ID, 8, ARGV[6], ARGV[7])
+redis.call('HINCRBY', rk, 'max_attempts', tonumber(ARGV[8]))
+apply(ID, read_transition(10))
+local L = 10 + T_ARGS
+append_logs(ID, L + 2, ARGV[L], ARGV[L + 1])
 local pub = publish(1, false)
 return { 'ok', pub or false, run_fields(ID) }
 "#,
@@ -1078,8 +1106,12 @@ for i, fname in ipairs(subs) do
   if ARGV[o] ~= fname or (redis.call('HGET', P .. 'fn:' .. fname, 'settings') or '') ~= ARGV[o + 2] then
     return { 'stale' }
   end
+  local fl = read_flow(o + 3)
+  if fl.dgate ~= '' and (redis.call('HGET', P .. 'deb', fl.dgate) or '') ~= fl.dprev then
+    return { 'stale' }
+  end
 end
--- max_queued, conservatively: every subscriber counts.
+-- max_queued: every subscriber counts (wasq_core::lifecycle::Admission::Event).
 local maxq = redis.call('HGET', P .. 'quotas', 'max_queued')
 if maxq and k > 0 and redis.call('ZCARD', P .. 'st:queued') + k > tonumber(maxq) then
   return { 'quota', maxq }

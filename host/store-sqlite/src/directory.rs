@@ -46,7 +46,7 @@ CREATE TRIGGER IF NOT EXISTS audit_no_delete BEFORE DELETE ON audit
 
 /// Adds an ended execution's fuel to its tenant's usage, inside the finishing transaction.
 pub(crate) fn add_usage(
-    tx: &rusqlite::Transaction<'_>,
+    tx: &rusqlite::Connection,
     tenant: &str,
     fuel: Option<u64>,
 ) -> Result<(), StoreError> {

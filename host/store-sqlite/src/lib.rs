@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
 use wasq_core::flow::{self, FlowPlan, Gate};
+use wasq_core::lifecycle::{self, Admission, Change, Execution, Transition};
 use wasq_core::storage as storage_limits;
 use wasq_core::*;
 
@@ -618,15 +619,76 @@ fn check_lease(tx: &Connection, lease: &Lease) -> Result<Leased, StoreError> {
     Ok(leased)
 }
 
-/// Ends the run's latest execution.
-fn close_attempt(
-    tx: &Connection,
-    run: &Run,
-    now: i64,
-    error: Option<&RunError>,
-    fuel_used: Option<u64>,
-) -> Result<(), StoreError> {
-    close_execution(tx, run, now, error, fuel_used, None)
+/// Writes a lifecycle transition of `run` (as read in this transaction): its history,
+/// its tenant's usage and its row; then, if it ended, resumes the runs waiting for it.
+/// The transition decided everything; this only stores it.
+fn apply(tx: &Connection, run: &Run, t: &Transition, now: i64) -> Result<(), StoreError> {
+    match &t.execution {
+        Some(Execution::Close {
+            error,
+            fuel_used,
+            suspended_until,
+        }) => close_execution(tx, run, now, error.as_ref(), *fuel_used, *suspended_until)?,
+        Some(Execution::Drop) => {
+            tx.execute(
+                "DELETE FROM attempts
+                 WHERE run_id = ?1 AND seq = (SELECT MAX(seq) FROM attempts WHERE run_id = ?1)",
+                [&run.id],
+            )
+            .map_err(internal)?;
+            storage::charge(
+                tx,
+                &run.tenant,
+                Some(&run.id),
+                -(storage::COST.attempt() as i64),
+            )?;
+        }
+        None => {}
+    }
+    if t.usage.executions > 0 {
+        directory::add_usage(tx, &run.tenant, t.usage.fuel)?;
+    }
+    let (set_error, error) = match &t.error {
+        Change::Keep => (false, None),
+        Change::Set(e) => (true, Some(to_json(e)?)),
+        Change::Clear => (true, None),
+    };
+    tx.execute(
+        "UPDATE runs SET status = ?2, error = CASE WHEN ?3 THEN ?4 ELSE error END,
+             output = COALESCE(?5, output), due_at = COALESCE(?6, due_at), finished_at = ?7,
+             attempt = attempt - ?8,
+             cancel_requested = CASE WHEN ?9 THEN 0 ELSE cancel_requested END,
+             updated_at = ?10, lease_expires_at = NULL, worker = NULL
+         WHERE id = ?1",
+        params![
+            run.id,
+            t.status.as_str(),
+            set_error,
+            error,
+            t.output,
+            t.due_at,
+            t.finished_at,
+            i64::from(t.give_back_attempt),
+            t.clear_cancel,
+            now
+        ],
+    )
+    .map_err(internal)?;
+    if let Some(wait) = &t.wait {
+        let (event, target) = match &wait.on {
+            WaitOn::Event { name, .. } => (Some(name.as_str()), None),
+            WaitOn::Run { id } => (None, Some(id.as_str())),
+        };
+        tx.execute(
+            "UPDATE runs SET wait = ?2, wait_event = ?3, wait_run = ?4 WHERE id = ?1",
+            params![run.id, to_json(wait)?, event, target],
+        )
+        .map_err(internal)?;
+    }
+    if let Some(resolution) = &t.resolution {
+        resolve_waiters_of(tx, &run.id, resolution, now)?;
+    }
+    Ok(())
 }
 
 /// Ends the run's latest execution; its error (bounded by whoever made it) is charged to
@@ -680,31 +742,17 @@ fn reap_expired(tx: &Connection, now: i64) -> Result<(), StoreError> {
         rows.collect::<Result<_, _>>().map_err(internal)?
     };
     for (run, worker, cancel_requested) in expired {
-        let error = RunError::new(
-            ErrorReason::LeaseExpired,
-            format!(
-                "worker {} stopped renewing its lease during attempt {}",
-                worker.as_deref().unwrap_or("?"),
-                run.attempt
-            ),
+        let t = lifecycle::lease_expired(
+            lifecycle::Expired {
+                id: &run.id,
+                attempt: run.attempt,
+                max_attempts: run.settings.retry.max_attempts,
+                worker: worker.as_deref(),
+                cancel_requested,
+            },
+            now,
         );
-        close_attempt(tx, &run, now, Some(&error), None)?;
-        let (status, finished_at) = if cancel_requested {
-            (RunStatus::Cancelled, Some(now))
-        } else if lease_loss_is_final(&run) {
-            (RunStatus::Failed, Some(now))
-        } else {
-            (RunStatus::Queued, None)
-        };
-        tx.execute(
-            // A cancelled run keeps the cancel's reason; the attempt records the lost lease.
-            "UPDATE runs SET status = ?2, error = CASE WHEN cancel_requested = 1 THEN error ELSE ?3 END,
-                 due_at = ?4, finished_at = ?5, updated_at = ?4, lease_expires_at = NULL, worker = NULL
-             WHERE id = ?1",
-            params![run.id, status.as_str(), to_json(&error)?, now, finished_at],
-        )
-        .map_err(internal)?;
-        resolve_waiters_of(tx, &run.id, now)?;
+        apply(tx, &run, &t, now)?;
     }
     Ok(())
 }
@@ -712,7 +760,15 @@ fn reap_expired(tx: &Connection, now: i64) -> Result<(), StoreError> {
 /// Creates a run (or finds the one with the same idempotency key) inside a transaction,
 /// applying the function's rate limit and debounce and the tenant's `max_queued` (see
 /// [`Store::enqueue`]).
-fn insert_run(tx: &Connection, now: i64, req: EnqueueRequest) -> Result<Enqueued, StoreError> {
+///
+/// `admission`: the `max_queued` it applies; `None` when the caller checked it for a
+/// batch (an event's subscribers).
+fn insert_run(
+    tx: &Connection,
+    now: i64,
+    req: EnqueueRequest,
+    admission: Option<Admission>,
+) -> Result<Enqueued, StoreError> {
     let id = wasq_core::ids::new_run_id(now);
     let function = load_function(tx, &req.tenant, &req.function)?
         .ok_or_else(|| StoreError::NotFound(format!("function {:?}", req.function)))?;
@@ -777,14 +833,14 @@ fn insert_run(tx: &Connection, now: i64, req: EnqueueRequest) -> Result<Enqueued
             .map_err(internal)?,
         None => None,
     };
-    check_queue_quota(
-        tx,
-        &req.tenant,
-        u64::from(replaced.is_none()),
-        req.parent.is_some(),
-    )?;
+    if let Some(admission) = admission {
+        check_queue_quota(tx, &req.tenant, admission, u64::from(replaced.is_none()))?;
+    }
     if let Some(old) = replaced {
-        skip_run(tx, &old, &flow::debounced_error(&id), now)?;
+        let old = load_run(tx, &old)?
+            .ok_or_else(|| StoreError::Internal("debounced run vanished".into()))?;
+        let t = lifecycle::skip(&old.id, flow::debounced_error(&id), now);
+        apply(tx, &old, &t, now)?;
     }
     let mut due = req.due_at.unwrap_or(now);
     if let Some(g) = &plan.debounce {
@@ -889,24 +945,13 @@ impl NewRun<'_> {
     }
 }
 
-/// Ends a run that has not started as skipped (debounce: replaced by a later run).
-fn skip_run(tx: &Connection, id: &str, error: &RunError, now: i64) -> Result<(), StoreError> {
-    tx.execute(
-        "UPDATE runs SET status = 'skipped', error = ?2, finished_at = ?3, updated_at = ?3
-         WHERE id = ?1",
-        params![id, to_json(error)?, now],
-    )
-    .map_err(internal)?;
-    resolve_waiters_of(tx, id, now)
-}
-
-/// Fails with the tenant's `max_queued` error unless it may queue `adding` more runs (a
-/// child run up to [`child_queue_limit`]). A tenant without a record has no quotas.
+/// Fails with the tenant's `max_queued` error unless `admission` lets it queue `adding`
+/// more runs ([`lifecycle::admit`]). A tenant without a record has no quotas.
 fn check_queue_quota(
     tx: &Connection,
     tenant: &str,
+    admission: Admission,
     adding: u64,
-    child: bool,
 ) -> Result<(), StoreError> {
     let Some(quotas) = tenant_quotas(tx, tenant)? else {
         return Ok(());
@@ -920,15 +965,13 @@ fn check_queue_quota(
         .optional()
         .map_err(internal)?
         .unwrap_or(0);
-    let limit = if child {
-        child_queue_limit(quotas.max_queued)
-    } else {
-        quotas.max_queued
-    };
-    if queued.max(0) as u64 + adding > limit {
-        return Err(queue_quota_exceeded(tenant, quotas.max_queued));
-    }
-    Ok(())
+    lifecycle::admit(
+        tenant,
+        admission,
+        queued.max(0) as u64,
+        adding,
+        Some(quotas.max_queued),
+    )
 }
 
 fn tenant_quotas(tx: &Connection, tenant: &str) -> Result<Option<Quotas>, StoreError> {
@@ -1196,16 +1239,22 @@ fn lease_run(
     now: i64,
     expires_at: i64,
 ) -> Result<Claimed, StoreError> {
+    let (status, attempt): (String, u32) = tx
+        .query_row(
+            "SELECT status, attempt FROM runs WHERE id = ?1",
+            [id],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .map_err(internal)?;
+    let status: RunStatus = status.parse().map_err(StoreError::Internal)?;
+    let (attempt, resumed) = lifecycle::claimed_attempt(status, attempt);
     let token: u64 = tx
         .query_row(
-            // Waking from a sleep continues the attempt; anything else starts one.
-            "UPDATE runs SET status = 'running',
-                 attempt = CASE WHEN status = 'sleeping' THEN MAX(attempt, 1) ELSE attempt + 1 END,
-                 resumed = (status = 'sleeping'),
+            "UPDATE runs SET status = 'running', attempt = ?5, resumed = ?6,
                  lease_token = lease_token + 1, lease_expires_at = ?2, worker = ?3,
                  updated_at = ?4
              WHERE id = ?1 RETURNING lease_token",
-            params![id, expires_at, worker, now],
+            params![id, expires_at, worker, now, attempt, resumed],
             |r| r.get(0),
         )
         .map_err(internal)?;
@@ -1386,32 +1435,6 @@ fn resolve_wait(
     Ok(())
 }
 
-/// What a run that ended means to a run waiting for it; `None` while it has not ended.
-fn run_resolution(target: &Run) -> Option<Resolution> {
-    match target.status {
-        RunStatus::Succeeded => Some(Resolution::Output {
-            output: bytes_as_json::to_value(target.output.as_deref().unwrap_or_default()),
-        }),
-        RunStatus::Failed => Some(Resolution::Error {
-            message: target
-                .error
-                .as_ref()
-                .map_or_else(|| "failed".to_owned(), |e| e.to_string()),
-        }),
-        RunStatus::Cancelled => Some(Resolution::Error {
-            message: format!("run {} was cancelled", target.id),
-        }),
-        RunStatus::Skipped => Some(flow::skipped_resolution(
-            &target.id,
-            target
-                .error
-                .as_ref()
-                .unwrap_or(&RunError::new(ErrorReason::Host, "skipped")),
-        )),
-        _ => None,
-    }
-}
-
 fn waiting_runs(
     tx: &Connection,
     condition: &str,
@@ -1460,14 +1483,17 @@ fn waiting_for_event(
         .collect()
 }
 
-/// After run `id` ended: the runs waiting for it (`call`, `join`) resume with its result.
-fn resolve_waiters_of(tx: &Connection, id: &str, now: i64) -> Result<(), StoreError> {
-    let Some(resolution) = load_run(tx, id)?.as_ref().and_then(run_resolution) else {
-        return Ok(());
-    };
+/// After run `id` ended: the runs waiting for it (`call`, `join`) resume with its
+/// resolution.
+fn resolve_waiters_of(
+    tx: &Connection,
+    id: &str,
+    resolution: &Resolution,
+    now: i64,
+) -> Result<(), StoreError> {
     for waiter in waiting_runs(tx, "wait_run = ?1", &id)? {
         if let Some(wait) = &waiter.wait {
-            resolve_wait(tx, &waiter, wait, &resolution, now)?;
+            resolve_wait(tx, &waiter, wait, resolution, now)?;
         }
     }
     Ok(())
@@ -1563,7 +1589,13 @@ impl Store for SqliteStore {
     }
 
     async fn enqueue(&self, req: EnqueueRequest) -> Result<Enqueued, StoreError> {
-        self.tx(move |tx, now| insert_run(tx, now, req)).await
+        let admission = if req.parent.is_some() {
+            Admission::Child
+        } else {
+            Admission::Run
+        };
+        self.tx(move |tx, now| insert_run(tx, now, req, Some(admission)))
+            .await
     }
 
     async fn claim(&self, req: ClaimRequest) -> Result<Vec<Claimed>, StoreError> {
@@ -1663,119 +1695,41 @@ impl Store for SqliteStore {
     async fn finish(&self, lease: &Lease, outcome: Outcome) -> Result<Run, StoreError> {
         let lease = lease.clone();
         self.tx(move |tx, now| {
-            let Leased { run, resumed, cancel_requested } = check_lease(tx, &lease)?;
-            match &outcome {
-                Outcome::Succeeded { fuel_used, .. } | Outcome::Failed { fuel_used, .. } => {
-                    directory::add_usage(tx, &run.tenant, *fuel_used)?
-                }
-                Outcome::Waiting { fuel_used, .. } | Outcome::Suspended { fuel_used, .. } => {
-                    directory::add_usage(tx, &run.tenant, *fuel_used)?
-                }
-                Outcome::Released => {}
+            let Leased {
+                run,
+                resumed,
+                cancel_requested,
+            } = check_lease(tx, &lease)?;
+            let ending = lifecycle::Ending {
+                id: &run.id,
+                cancel_requested,
+                resumed,
+            };
+            let t = lifecycle::finish(ending, &outcome, now);
+            if let Some(output) = &t.output {
+                // Refused over a quota (nothing changes); the worker then fails the run.
+                storage::check_run(tx, &run.tenant, &run.id, output.len() as u64)?;
+                storage::charge(tx, &run.tenant, Some(&run.id), output.len() as i64)?;
             }
-            if cancel_requested && !matches!(outcome, Outcome::Succeeded { .. }) {
-                let (error, fuel_used) = match &outcome {
-                    Outcome::Failed { error, fuel_used, .. } => (Some(error), *fuel_used),
-                    _ => (None, None),
+            apply(tx, &run, &t, now)?;
+            // A wait on a run that already ended (or does not exist) resolves at once.
+            if let Some(
+                wait @ Wait {
+                    on: WaitOn::Run { id: target },
+                    ..
+                },
+            ) = &t.wait
+            {
+                let resolution = match load_run(tx, target)?.filter(|t| t.tenant == run.tenant) {
+                    Some(t) => lifecycle::resolution(&t),
+                    None => Some(lifecycle::missing_run_resolution(target)),
                 };
-                close_attempt(tx, &run, now, error, fuel_used)?;
-                tx.execute(
-                    "UPDATE runs SET status = 'cancelled', finished_at = ?2, updated_at = ?2,
-                         lease_expires_at = NULL, worker = NULL
-                     WHERE id = ?1",
-                    params![run.id, now],
-                )
-                .map_err(internal)?;
-                resolve_waiters_of(tx, &run.id, now)?;
-                return load_run(tx, &run.id)?
-                    .ok_or_else(|| StoreError::Internal("finished run vanished".into()));
-            }
-            match outcome {
-                Outcome::Succeeded { output, fuel_used } => {
-                    // Refused over a quota (nothing changes); the worker then fails the run.
-                    storage::check_run(tx, &run.tenant, &run.id, output.len() as u64)?;
-                    storage::charge(tx, &run.tenant, Some(&run.id), output.len() as i64)?;
-                    close_attempt(tx, &run, now, None, fuel_used)?;
-                    tx.execute(
-                        "UPDATE runs SET status = 'succeeded', output = ?2, error = NULL,
-                             finished_at = ?3, updated_at = ?3, lease_expires_at = NULL
-                         WHERE id = ?1",
-                        params![run.id, output, now],
-                    )
-                    .map_err(internal)?;
-                }
-                Outcome::Failed { error, retry_in_ms, fuel_used } => {
-                    close_attempt(tx, &run, now, Some(&error), fuel_used)?;
-                    let (status, due_at, finished_at) = match retry_in_ms {
-                        Some(d) => (RunStatus::Queued, now.saturating_add(d as i64), None),
-                        None => (RunStatus::Failed, run.due_at, Some(now)),
-                    };
-                    tx.execute(
-                        "UPDATE runs SET status = ?2, error = ?3, due_at = ?4, finished_at = ?5,
-                             updated_at = ?6, lease_expires_at = NULL, worker = NULL
-                         WHERE id = ?1",
-                        params![run.id, status.as_str(), to_json(&error)?, due_at, finished_at, now],
-                    )
-                    .map_err(internal)?;
-                }
-                Outcome::Waiting { wait, .. } => {
-                    let due = wait.until.unwrap_or(i64::MAX);
-                    close_execution(tx, &run, now, None, None, Some(due))?;
-                    let (event, target) = match &wait.on {
-                        WaitOn::Event { name, .. } => (Some(name.clone()), None),
-                        WaitOn::Run { id } => (None, Some(id.clone())),
-                    };
-                    tx.execute(
-                        "UPDATE runs SET status = 'waiting', due_at = ?2, wait = ?3, wait_event = ?4,
-                             wait_run = ?5, updated_at = ?6, lease_expires_at = NULL, worker = NULL
-                         WHERE id = ?1",
-                        params![run.id, due, to_json(&wait)?, event, target, now],
-                    )
-                    .map_err(internal)?;
-                    // A run that already ended resolves the wait at once.
-                    if let Some(target) = target {
-                        let resolution = match load_run(tx, &target)?.filter(|t| t.tenant == run.tenant) {
-                            Some(t) => run_resolution(&t),
-                            None => Some(Resolution::Error { message: format!("run {target} not found") }),
-                        };
-                        if let Some(resolution) = resolution {
-                            resolve_wait(tx, &run, &wait, &resolution, now)?;
-                        }
-                    }
-                }
-                Outcome::Suspended { until, .. } => {
-                    close_execution(tx, &run, now, None, None, Some(until))?;
-                    tx.execute(
-                        "UPDATE runs SET status = 'sleeping', due_at = ?2, updated_at = ?3,
-                             lease_expires_at = NULL, worker = NULL
-                         WHERE id = ?1",
-                        params![run.id, until, now],
-                    )
-                    .map_err(internal)?;
-                }
-                Outcome::Released => {
-                    tx.execute(
-                        "DELETE FROM attempts
-                         WHERE run_id = ?1 AND seq = (SELECT MAX(seq) FROM attempts WHERE run_id = ?1)",
-                        [&run.id],
-                    )
-                    .map_err(internal)?;
-                    storage::charge(tx, &run.tenant, Some(&run.id), -(storage::COST.attempt() as i64))?;
-                    // Put the run back exactly as it was claimed: a resumed sleeper stays
-                    // a resume (same attempt), a fresh attempt is given back uncounted.
-                    let (status, attempt) =
-                        if resumed { (RunStatus::Sleeping, run.attempt) } else { (RunStatus::Queued, run.attempt - 1) };
-                    tx.execute(
-                        "UPDATE runs SET status = ?2, attempt = ?3, due_at = ?4,
-                             updated_at = ?4, lease_expires_at = NULL, worker = NULL
-                         WHERE id = ?1",
-                        params![run.id, status.as_str(), attempt, now],
-                    )
-                    .map_err(internal)?;
+                if let Some(resolution) = resolution {
+                    resolve_wait(tx, &run, wait, &resolution, now)?;
                 }
             }
-            resolve_waiters_of(tx, &run.id, now)?;
-            load_run(tx, &run.id)?.ok_or_else(|| StoreError::Internal("finished run vanished".into()))
+            load_run(tx, &run.id)?
+                .ok_or_else(|| StoreError::Internal("finished run vanished".into()))
         })
         .await
     }
@@ -1784,24 +1738,16 @@ impl Store for SqliteStore {
         self.tx(move |tx, now| {
             let id = &req.id;
             let run = tenant_run(tx, &req.tenant, id)?;
-            if run.status.is_terminal() {
-                return Err(StoreError::Conflict(format!("run {id} is already {}", run.status)));
-            }
-            let error = to_json(&req.cancel_error())?;
-            if run.status == RunStatus::Running {
-                tx.execute(
-                    "UPDATE runs SET cancel_requested = 1, error = ?3, updated_at = ?2 WHERE id = ?1",
-                    params![id, now, error],
-                )
-                .map_err(internal)?;
-            } else {
-                tx.execute(
-                    "UPDATE runs SET status = 'cancelled', error = ?3, finished_at = ?2, updated_at = ?2
-                     WHERE id = ?1",
-                    params![id, now, error],
-                )
-                .map_err(internal)?;
-                resolve_waiters_of(tx, id, now)?;
+            match lifecycle::cancel(id, run.status, req.cancel_error(), now)? {
+                Some(t) => apply(tx, &run, &t, now)?,
+                // Running: marked, it ends cancelled when its attempt ends.
+                None => {
+                    tx.execute(
+                        "UPDATE runs SET cancel_requested = 1, error = ?3, updated_at = ?2 WHERE id = ?1",
+                        params![id, now, to_json(&req.cancel_error())?],
+                    )
+                    .map_err(internal)?;
+                }
             }
             append_logs(tx, &req.tenant, id, vec![req.log_line(run.attempt, now)])?;
             load_run(tx, id)?.ok_or_else(|| StoreError::Internal("cancelled run vanished".into()))
@@ -1813,22 +1759,16 @@ impl Store for SqliteStore {
         self.tx(move |tx, now| {
             let id = &req.id;
             let run = tenant_run(tx, &req.tenant, id)?;
-            if !matches!(run.status, RunStatus::Failed | RunStatus::Cancelled) {
-                return Err(StoreError::Conflict(format!(
-                    "run {id} is {}: only failed or cancelled runs can be retried",
-                    run.status
-                )));
-            }
-            check_queue_quota(tx, &req.tenant, 1, false)?;
-            let mut settings = run.settings;
-            settings.retry.max_attempts += run.attempt;
+            let retry = lifecycle::retry(id, run.status, run.attempt, now)?;
+            check_queue_quota(tx, &req.tenant, Admission::Run, 1)?;
+            let mut settings = run.settings.clone();
+            settings.retry.max_attempts += retry.extra_attempts;
             tx.execute(
-                "UPDATE runs SET status = 'queued', settings = ?2, due_at = ?3, updated_at = ?3,
-                     finished_at = NULL, cancel_requested = 0
-                 WHERE id = ?1",
-                params![id, to_json(&settings)?, now],
+                "UPDATE runs SET settings = ?2 WHERE id = ?1",
+                params![id, to_json(&settings)?],
             )
             .map_err(internal)?;
+            apply(tx, &run, &retry.transition, now)?;
             append_logs(tx, &req.tenant, id, vec![req.log_line(run.attempt, now)])?;
             load_run(tx, id)?.ok_or_else(|| StoreError::Internal("retried run vanished".into()))
         })
@@ -1892,6 +1832,7 @@ impl Store for SqliteStore {
                 let functions: Vec<Function> = rows.collect::<Result<_, _>>().map_err(internal)?;
                 functions.into_iter().filter(|f| f.events.contains(&req.name)).map(|f| f.name).collect()
             };
+            check_queue_quota(tx, &req.tenant, Admission::Event, subscribers.len() as u64)?;
             for function in subscribers {
                 let started = insert_run(
                     tx,
@@ -1908,6 +1849,7 @@ impl Store for SqliteStore {
                         parent: None,
                         priority: None,
                     },
+                    None,
                 )?;
                 sent.started.push(started.run.id);
             }

@@ -1,0 +1,57 @@
+//! Lifecycle transitions ([`wasq_core::lifecycle`]) as script arguments: a script reads
+//! one with `read_transition` and writes it with `apply` (see scripts.rs), so the rules
+//! stay in core and Lua only stores what they decided.
+
+use wasq_core::lifecycle::{Change, Execution, Transition};
+
+use crate::{Args, to_json};
+use wasq_core::StoreError;
+
+/// Arguments per transition (`read_transition` in the scripts' prelude).
+pub(crate) const T_ARGS: usize = 16;
+
+/// Appends `t` as T_ARGS arguments; `None` as T_ARGS empty ones (status `''`: none).
+pub(crate) fn args(args: Args, t: Option<&Transition>) -> Result<Args, StoreError> {
+    let Some(t) = t else {
+        return Ok((0..T_ARGS).fold(args, |a, _| a.s("")));
+    };
+    let (errmode, error) = match &t.error {
+        Change::Keep => ("k", Vec::new()),
+        Change::Set(e) => ("s", to_json(e)?),
+        Change::Clear => ("c", Vec::new()),
+    };
+    let (exec, exec_error, exec_fuel, exec_suspended) = match &t.execution {
+        None => ("", Vec::new(), None, None),
+        Some(Execution::Drop) => ("drop", Vec::new(), None, None),
+        Some(Execution::Close {
+            error,
+            fuel_used,
+            suspended_until,
+        }) => (
+            "close",
+            error.as_ref().map(to_json).transpose()?.unwrap_or_default(),
+            *fuel_used,
+            *suspended_until,
+        ),
+    };
+    Ok(args
+        .s(t.status.as_str())
+        .s(errmode)
+        .b(error)
+        .s(if t.output.is_some() { "1" } else { "0" })
+        .b(t.output.clone().unwrap_or_default())
+        .opt_n(t.due_at)
+        .opt_n(t.finished_at)
+        .s(if t.give_back_attempt { "1" } else { "0" })
+        .s(exec)
+        .b(exec_error)
+        .opt_n(exec_fuel)
+        .opt_n(exec_suspended)
+        .b(t.resolution
+            .as_ref()
+            .map(|r| r.to_bytes())
+            .unwrap_or_default())
+        .n(t.usage.executions)
+        .opt_n(t.usage.fuel)
+        .s(if t.clear_cancel { "1" } else { "0" }))
+}
