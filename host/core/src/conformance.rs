@@ -1,8 +1,9 @@
 //! Scenarios every [`Store`] backend must pass, with time driven by a [`ManualClock`].
 //!
-//! A backend's tests call [`run_all`] with a factory that opens a fresh, empty store on the
-//! given clock. Each scenario names the guarantee it checks, so a failure reads as a
-//! broken promise rather than a line number.
+//! A backend's tests invoke [`crate::conformance_tests`] with a factory that opens a
+//! fresh, empty store on the given clock: one test per scenario, named after it. Each
+//! scenario also names the guarantee it checks, so a failure reads as a broken promise
+//! rather than a line number.
 
 use std::future::Future;
 
@@ -21,196 +22,359 @@ const LEASE: u64 = 30_000;
 
 type Scenario<S> = fn(S, ManualClock) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// Runs every scenario, each against a fresh store from `make`.
-pub async fn run_all<S, F, Fut>(make: F)
-where
-    S: Store + Directory,
-    F: Fn(ManualClock) -> Fut,
-    Fut: Future<Output = S>,
-{
-    let scenarios: Vec<(&str, Scenario<S>)> = vec![
+/// Every scenario: (test name, the guarantee it checks, the scenario).
+fn scenarios<S: Store + Directory>() -> Vec<(&'static str, &'static str, Scenario<S>)> {
+    vec![
         (
+            "deploy",
             "deploy stores the component and replaces the function",
             |s, c| Box::pin(deploy(s, c)),
         ),
-        ("enqueue needs a deployed function", |s, c| {
-            Box::pin(enqueue_unknown(s, c))
-        }),
-        ("a claimed run is leased to one worker only", |s, c| {
-            Box::pin(claim_once(s, c))
-        }),
-        ("claims are FIFO by due time and bounded", |s, c| {
-            Box::pin(claim_order(s, c))
-        }),
         (
+            "enqueue_unknown",
+            "enqueue needs a deployed function",
+            |s, c| Box::pin(enqueue_unknown(s, c)),
+        ),
+        (
+            "claim_once",
+            "a claimed run is leased to one worker only",
+            |s, c| Box::pin(claim_once(s, c)),
+        ),
+        (
+            "claim_order",
+            "claims are FIFO by due time and bounded",
+            |s, c| Box::pin(claim_order(s, c)),
+        ),
+        (
+            "succeed",
             "success stores the output; the lease is then spent",
             |s, c| Box::pin(succeed(s, c)),
         ),
-        ("a stale lease cannot record or finish", |s, c| {
-            Box::pin(fencing(s, c))
-        }),
         (
+            "fencing",
+            "a stale lease cannot record or finish",
+            |s, c| Box::pin(fencing(s, c)),
+        ),
+        (
+            "late_completion",
             "a reclaimed run's late completion is rejected; the new holder's result stands",
             |s, c| Box::pin(late_completion(s, c)),
         ),
-        ("steps survive a lost worker and are replayed", |s, c| {
-            Box::pin(steps_replay(s, c))
-        }),
-        ("failure with a retry delay requeues after it", |s, c| {
-            Box::pin(retry(s, c))
-        }),
-        ("failure without a retry delay is final", |s, c| {
+        (
+            "steps_replay",
+            "steps survive a lost worker and are replayed",
+            |s, c| Box::pin(steps_replay(s, c)),
+        ),
+        (
+            "retry",
+            "failure with a retry delay requeues after it",
+            |s, c| Box::pin(retry(s, c)),
+        ),
+        ("dead", "failure without a retry delay is final", |s, c| {
             Box::pin(dead(s, c))
         }),
         (
+            "release",
             "release gives the run back without using an attempt",
             |s, c| Box::pin(release(s, c)),
         ),
-        ("renewal extends leases and reports lost ones", |s, c| {
-            Box::pin(renew(s, c))
-        }),
-        ("a run losing workers forever ends failed", |s, c| {
-            Box::pin(lease_loss_cap(s, c))
-        }),
-        ("a redeploy does not change queued runs", |s, c| {
-            Box::pin(pinned_digest(s, c))
-        }),
-        ("listing filters and orders newest first", |s, c| {
-            Box::pin(listing(s, c))
-        }),
-        ("logs and progress are kept in order", |s, c| {
+        (
+            "renew",
+            "renewal extends leases and reports lost ones",
+            |s, c| Box::pin(renew(s, c)),
+        ),
+        (
+            "lease_loss_cap",
+            "a run losing workers forever ends failed",
+            |s, c| Box::pin(lease_loss_cap(s, c)),
+        ),
+        (
+            "pinned_digest",
+            "a redeploy does not change queued runs",
+            |s, c| Box::pin(pinned_digest(s, c)),
+        ),
+        (
+            "listing",
+            "listing filters and orders newest first",
+            |s, c| Box::pin(listing(s, c)),
+        ),
+        ("logs", "logs and progress are kept in order", |s, c| {
             Box::pin(logs(s, c))
         }),
         (
+            "suspend",
             "a suspended run sleeps, then resumes the same attempt",
             |s, c| Box::pin(suspend(s, c)),
         ),
-        ("a released resumed run stays a resume", |s, c| {
-            Box::pin(release_resumed(s, c))
-        }),
         (
+            "release_resumed",
+            "a released resumed run stays a resume",
+            |s, c| Box::pin(release_resumed(s, c)),
+        ),
+        (
+            "cancel",
             "cancel ends waiting runs at once and running ones at their end",
             |s, c| Box::pin(cancel(s, c)),
         ),
         (
+            "manual_retry",
             "manual retry requeues failed runs with a fresh budget",
             |s, c| Box::pin(manual_retry(s, c)),
         ),
         (
+            "cancel_and_retry_say_who",
             "a cancel or a retry records who asked, in the run's error and log",
             |s, c| Box::pin(actions::cancel_and_retry_say_who(s, c)),
         ),
-        ("a unique prefix of a run id finds the run", |s, c| {
-            Box::pin(actions::run_id_prefixes(s, c))
-        }),
         (
+            "run_id_prefixes",
+            "a unique prefix of a run id finds the run",
+            |s, c| Box::pin(actions::run_id_prefixes(s, c)),
+        ),
+        (
+            "idempotency",
             "an idempotency key returns the same run within its window",
             |s, c| Box::pin(idempotency(s, c)),
         ),
-        ("a per-run retry policy overrides the function's", |s, c| {
-            Box::pin(retry_override(s, c))
-        }),
         (
+            "retry_override",
+            "a per-run retry policy overrides the function's",
+            |s, c| Box::pin(retry_override(s, c)),
+        ),
+        (
+            "wait_event",
             "a matching event resumes a waiting run; others do not",
             |s, c| Box::pin(wait_event(s, c)),
         ),
         (
+            "many_waiters",
             "an event resumes all its matching waiters, however many",
             |s, c| Box::pin(many_waiters(s, c)),
         ),
-        ("a wait times out with no event", |s, c| {
+        ("wait_timeout", "a wait times out with no event", |s, c| {
             Box::pin(wait_timeout(s, c))
         }),
-        ("events start subscribed functions once per id", |s, c| {
-            Box::pin(event_subscribers(s, c))
-        }),
-        ("a run waiting on another resumes when it ends", |s, c| {
-            Box::pin(wait_run(s, c))
-        }),
         (
+            "event_subscribers",
+            "events start subscribed functions once per id",
+            |s, c| Box::pin(event_subscribers(s, c)),
+        ),
+        (
+            "wait_run",
+            "a run waiting on another resumes when it ends",
+            |s, c| Box::pin(wait_run(s, c)),
+        ),
+        (
+            "purge",
             "purge deletes ended runs past their retention only",
             |s, c| Box::pin(purge(s, c)),
         ),
         (
+            "tenants",
             "tenants are created once, listed and given quotas",
             |s, c| Box::pin(tenants(s, c)),
         ),
         (
+            "keys",
             "keys are stored, found by id, listed and revoked",
             |s, c| Box::pin(keys(s, c)),
         ),
         (
+            "usage",
             "ended executions add their fuel to the tenant's usage",
             |s, c| Box::pin(usage(s, c)),
         ),
-        ("the audit trail lists newest first, per tenant", |s, c| {
-            Box::pin(audit(s, c))
-        }),
         (
+            "audit",
+            "the audit trail lists newest first, per tenant",
+            |s, c| Box::pin(audit(s, c)),
+        ),
+        (
+            "concurrency_keys",
             "a concurrency key holds runs over its limit queued until a slot frees",
             |s, c| Box::pin(concurrency_keys(s, c)),
         ),
         (
+            "throttle",
             "a throttle starts at most N first attempts per period; none are dropped",
             |s, c| Box::pin(throttle(s, c)),
         ),
-        ("a rate limit records runs over it as skipped", |s, c| {
-            Box::pin(rate_limit(s, c))
-        }),
         (
+            "rate_limit",
+            "a rate limit records runs over it as skipped",
+            |s, c| Box::pin(rate_limit(s, c)),
+        ),
+        (
+            "debounce",
             "a debounced burst starts only its last run, one period after it",
             |s, c| Box::pin(debounce(s, c)),
         ),
         (
+            "priority",
             "lower priority starts first; aging keeps low priorities from starving",
             |s, c| Box::pin(priority(s, c)),
         ),
         (
+            "max_queued",
             "max_queued refuses runs, retries and, past twice it, children",
             |s, c| Box::pin(max_queued(s, c)),
         ),
-        ("max_running caps a tenant's running runs", |s, c| {
-            Box::pin(max_running(s, c))
-        }),
         (
+            "max_running",
+            "max_running caps a tenant's running runs",
+            |s, c| Box::pin(max_running(s, c)),
+        ),
+        (
+            "fairness",
             "tenants take turns: a backlog cannot delay another tenant's run",
             |s, c| Box::pin(fairness(s, c)),
         ),
         (
+            "every_end_reaches_the_waiter",
             "a waiter hears how the run it waits on ended, however it ended",
             |s, c| Box::pin(waits::every_end_reaches_the_waiter(s, c)),
         ),
         (
+            "a_replaced_run_tells_its_waiter",
             "a run replaced by its debounce key tells its waiter by whom",
             |s, c| Box::pin(waits::a_replaced_run_tells_its_waiter(s, c)),
         ),
         (
+            "usage_is_exact",
             "storage usage is the exact sum of what is kept; a purge gives it back",
             |s, c| Box::pin(storage::usage_is_exact(s, c)),
         ),
         (
+            "run_quota",
             "max_run_bytes refuses a step or output over it; the run can still fail",
             |s, c| Box::pin(storage::run_quota(s, c)),
         ),
         (
+            "tenant_quota",
             "max_stored_bytes refuses new work and steps; other tenants go on",
             |s, c| Box::pin(storage::tenant_quota(s, c)),
         ),
         (
+            "log_budget",
             "max_run_log_bytes cuts a run's log once, over all its attempts",
             |s, c| Box::pin(storage::log_budget(s, c)),
         ),
         (
+            "big_steps_by_reference",
             "big step outputs are read by reference; details list steps without outputs",
             |s, c| Box::pin(storage::big_steps_by_reference(s, c)),
         ),
-    ];
-    for (name, scenario) in scenarios {
-        let clock = ManualClock::new(T0);
-        let store = make(clock.clone()).await;
-        eprintln!("conformance: {name}");
-        scenario(store, clock).await;
-    }
+    ]
+}
+
+/// Runs scenario `name` against a fresh store from `make` ([`crate::conformance_tests`]
+/// makes one test of each). `make` returns the store and a guard of what it runs on (a
+/// folder, a server), dropped after the scenario.
+pub async fn run_one<S, G, F, Fut>(name: &str, make: F)
+where
+    S: Store + Directory,
+    F: Fn(ManualClock) -> Fut,
+    Fut: Future<Output = (S, G)>,
+{
+    let all = scenarios::<S>();
+    let named: Vec<&str> = all.iter().map(|(n, _, _)| *n).collect();
+    assert_eq!(
+        named,
+        crate::conformance_tests!(@names),
+        "conformance_tests! must list every scenario, in order"
+    );
+    let Some((_, guarantee, scenario)) = all.into_iter().find(|(n, _, _)| *n == name) else {
+        panic!("no conformance scenario {name:?}");
+    };
+    let clock = ManualClock::new(T0);
+    let (store, guard) = make(clock.clone()).await;
+    eprintln!("conformance: {guarantee}");
+    scenario(store, clock).await;
+    drop(guard);
+}
+
+/// One `#[tokio::test]` per conformance scenario, named after it, each against a fresh
+/// store from `$make` (an `async fn(ManualClock) -> (impl Store + Directory, Guard)`, see
+/// [`conformance::run_one`](crate::conformance::run_one)), so a failure names its scenario
+/// and scenarios run in parallel.
+///
+/// ```ignore
+/// async fn fresh(clock: ManualClock) -> (MyStore, ()) { (MyStore::new(clock), ()) }
+/// wasq_core::conformance_tests!(fresh);
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::conformance_tests!(@list tests ($make));
+    };
+    (@names) => {
+        $crate::conformance_tests!(@list names ())
+    };
+    // The one list of scenario names (`run_one` checks it against the scenarios).
+    (@list $what:ident $arg:tt) => {
+        $crate::conformance_tests! { @ $what $arg;
+            deploy,
+            enqueue_unknown,
+            claim_once,
+            claim_order,
+            succeed,
+            fencing,
+            late_completion,
+            steps_replay,
+            retry,
+            dead,
+            release,
+            renew,
+            lease_loss_cap,
+            pinned_digest,
+            listing,
+            logs,
+            suspend,
+            release_resumed,
+            cancel,
+            manual_retry,
+            cancel_and_retry_say_who,
+            run_id_prefixes,
+            idempotency,
+            retry_override,
+            wait_event,
+            many_waiters,
+            wait_timeout,
+            event_subscribers,
+            wait_run,
+            purge,
+            tenants,
+            keys,
+            usage,
+            audit,
+            concurrency_keys,
+            throttle,
+            rate_limit,
+            debounce,
+            priority,
+            max_queued,
+            max_running,
+            fairness,
+            every_end_reaches_the_waiter,
+            a_replaced_run_tells_its_waiter,
+            usage_is_exact,
+            run_quota,
+            tenant_quota,
+            log_budget,
+            big_steps_by_reference
+        }
+    };
+    (@tests ($make:expr); $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                $crate::conformance::run_one(stringify!($name), $make).await;
+            }
+        )*
+    };
+    (@names (); $($name:ident),* $(,)?) => {
+        [$(stringify!($name)),*]
+    };
 }
 
 fn settings(max_attempts: u32) -> FunctionSettings {

@@ -229,6 +229,11 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    /// The process id of the running `redis-server`.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -344,6 +349,30 @@ impl Drop for RedisServer {
     }
 }
 
+/// Keeps `procs` and `dirs` for the rest of the test process: statics are never dropped,
+/// so a watchdog shell polls this process and, once it is gone, stops the servers and
+/// removes their folders (within half a second).
+fn outlive_process(procs: Vec<u32>, dirs: Vec<PathBuf>) {
+    let me = std::process::id();
+    let pids: Vec<String> = procs.iter().map(u32::to_string).collect();
+    let script = format!(
+        "while kill -0 {me} 2>/dev/null; do sleep 0.5; done; kill {} 2>/dev/null; sleep 0.5; rm -rf \"$@\"",
+        pids.join(" ")
+    );
+    let spawned = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .arg("watchdog")
+        .args(&dirs)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    if let Err(e) = spawned {
+        panic!("start the watchdog of a shared redis: {e}");
+    }
+}
+
 /// A Redis Cluster of masters only, each a `redis-server` with `--cluster-enabled yes`.
 #[derive(Debug)]
 pub struct RedisCluster {
@@ -412,6 +441,18 @@ impl RedisCluster {
 
     pub fn nodes(&self) -> &[RedisServer] {
         &self.nodes
+    }
+
+    /// One cluster of 3 masters for the whole test process (tests give each scenario its
+    /// own namespace), started on first use and stopped when the process exits.
+    pub fn shared() -> &'static RedisCluster {
+        static SHARED: std::sync::OnceLock<RedisCluster> = std::sync::OnceLock::new();
+        SHARED.get_or_init(|| {
+            let cluster = RedisCluster::start(3);
+            let pids = cluster.nodes.iter().filter_map(RedisServer::pid).collect();
+            outlive_process(pids, vec![cluster._tmp.path().to_path_buf()]);
+            cluster
+        })
     }
 
     /// The port of the master that serves `key`'s slot.

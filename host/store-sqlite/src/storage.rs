@@ -267,6 +267,51 @@ pub(crate) fn collect_components(tx: &Connection) -> Result<usize, StoreError> {
     .map_err(internal)
 }
 
+/// Deletes ended runs past their retention with everything they recorded, giving back
+/// what they were charged ([`Store::purge`]).
+pub(crate) fn purge(tx: &Connection, now: i64, req: PurgeRequest) -> Result<usize, StoreError> {
+    let ids: Vec<String> = {
+        let mut stmt = tx
+            .prepare_cached(
+                "SELECT id FROM runs
+                 WHERE (status IN ('succeeded', 'skipped') AND finished_at < ?1)
+                    OR (status IN ('failed', 'cancelled') AND finished_at < ?2)
+                 LIMIT ?3",
+            )
+            .map_err(internal)?;
+        let rows = stmt
+            .query_map(
+                params![req.succeeded_before, req.failed_before, req.limit as i64],
+                |r| r.get(0),
+            )
+            .map_err(internal)?;
+        rows.collect::<Result<_, _>>().map_err(internal)?
+    };
+    for id in &ids {
+        let (tenant, bytes): (String, i64) = tx
+            .query_row(
+                "SELECT tenant, stored_bytes + log_bytes FROM runs WHERE id = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .map_err(internal)?;
+        for table in ["steps", "logs", "attempts"] {
+            tx.execute(&format!("DELETE FROM {table} WHERE run_id = ?1"), [id])
+                .map_err(internal)?;
+        }
+        tx.execute("DELETE FROM runs WHERE id = ?1", [id])
+            .map_err(internal)?;
+        charge(tx, &tenant, None, -bytes)?;
+    }
+    // Event ids are only remembered for their dedup window, and components only
+    // while a function or a run refers to them.
+    let events = forget_old_events(tx, now - IDEMPOTENCY_WINDOW_MS, req.limit)?;
+    if !ids.is_empty() || events > 0 {
+        collect_components(tx)?;
+    }
+    Ok(ids.len())
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

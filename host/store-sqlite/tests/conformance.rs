@@ -1,19 +1,15 @@
-//! The shared Store conformance suite, against the SQLite store (file-backed, as in `wasq dev`).
+//! The shared Store conformance suite against the SQLite store (file-backed, as in
+//! `wasq dev`): one test per scenario, each on its own database file.
 
 use std::sync::Arc;
 
+use wasq_core::ManualClock;
 use wasq_store_sqlite::SqliteStore;
 
-#[tokio::test]
-async fn sqlite_store_passes_the_conformance_suite() {
+async fn fresh(clock: ManualClock) -> (SqliteStore, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let n = std::sync::atomic::AtomicUsize::new(0);
-    wasq_core::conformance::run_all(|clock| {
-        let path = dir.path().join(format!(
-            "{}.db",
-            n.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-        ));
-        async move { SqliteStore::open(&path, Arc::new(clock)).unwrap() }
-    })
-    .await;
+    let store = SqliteStore::open(&dir.path().join("wasq.db"), Arc::new(clock)).unwrap();
+    (store, dir)
 }
+
+wasq_core::conformance_tests!(fresh);
