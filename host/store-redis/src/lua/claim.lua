@@ -1,0 +1,132 @@
+local LIMIT, LEASE, WORKER, WORKER_JSON = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], ARGV[8]
+local wake = 0
+-- Runs whose worker stopped renewing. What becomes of each (queued again, failed for
+-- good, cancelled) is wasq_core::lifecycle::lease_expired's to say: without transitions
+-- (ARGV[10] = '') the script only answers which runs need one; with them (ARGV[10] = n,
+-- then n × (id, lease token, T_ARGS transition)) it applies each to a run still under
+-- that lease, and leaves runs that expired in between to the next claim.
+local expired = redis.call('ZRANGEBYSCORE', P .. 'leases', '-inf', NOW, 'LIMIT', 0, @REAP_BATCH@)
+if ARGV[10] == '' then
+  local need = {}
+  for _, id in ipairs(expired) do
+    local r = redis.call('HMGET', runkey(id), 'status', 'lease_token', 'worker', 'attempt',
+      'max_attempts', 'cancel_requested')
+    if r[1] == 'running' then need[#need + 1] = { id, r[2], r[3] or '', r[4], r[5], r[6] } end
+  end
+  if #need > 0 then return { 'reap', need } end
+end
+local given = {}
+if ARGV[10] ~= '' then
+  for j = 0, tonumber(ARGV[10]) - 1 do
+    local o = 11 + j * (2 + T_ARGS)
+    given[ARGV[o]] = { ARGV[o + 1], o + 2 }
+  end
+end
+for _, id in ipairs(expired) do
+  local r = redis.call('HMGET', runkey(id), 'status', 'lease_token')
+  if r[1] ~= 'running' then
+    redis.call('ZREM', P .. 'leases', id)
+  elseif given[id] and given[id][1] == r[2] then
+    if apply(id, read_transition(given[id][2])) then wake = wake + 1 end
+    wake = wake + resolve_waiters_of(id)
+  end
+end
+-- Waits whose time is up resolve as timed out.
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'timeouts', '-inf', NOW, 'LIMIT', 0, @REAP_BATCH@)) do
+  if redis.call('HGET', runkey(id), 'status') == 'waiting' then
+    resolve_wait(id, @TIMED_OUT@)
+    wake = wake + 1
+  else
+    redis.call('ZREM', P .. 'timeouts', id)
+  end
+end
+-- Throttle windows that opened: as many parked runs as they have room for go back into
+-- the lane, best rank first; while runs stay parked the gate's timer is set to when the
+-- window opens next (counting the let-through runs as started now).
+for _, gate in ipairs(redis.call('ZRANGEBYSCORE', P .. 'gtimer', '-inf', NOW, 'LIMIT', 0, @REAP_BATCH@)) do
+  local pk = P .. 'park:' .. gate
+  local cfg = redis.call('HGET', P .. 'tcfg', gate)
+  local again = nil
+  if cfg and redis.call('ZCARD', pk) > 0 then
+    local sep = string.find(cfg, '|', 1, true)
+    local limit, period = tonumber(string.sub(cfg, 1, sep - 1)), tonumber(string.sub(cfg, sep + 1))
+    local n, oldest = 0, NOW
+    for i, t in ipairs(redis.call('LRANGE', P .. 'win:' .. gate, 0, limit - 1)) do
+      if tonumber(t) <= NOW - period then break end
+      n, oldest = i, tonumber(t)
+    end
+    if limit > n then
+      local p = redis.call('ZPOPMIN', pk, limit - n)
+      for i = 1, #p, 2 do unpark(p[i], p[i + 1]) end
+    end
+    if redis.call('ZCARD', pk) > 0 then again = math.max(oldest + period, NOW + 1) end
+  end
+  if again then
+    redis.call('ZADD', P .. 'gtimer', I(again), gate)
+  else
+    redis.call('ZREM', P .. 'gtimer', gate)
+    redis.call('HDEL', P .. 'tcfg', gate)
+  end
+end
+-- Due runs enter the lane, ranked by due time + priority offset.
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'ready', '-inf', NOW, 'LIMIT', 0, @PROMOTE_BATCH@)) do
+  local h = redis.call('HMGET', runkey(id), 'due_at', 'rank_offset')
+  redis.call('ZREM', P .. 'ready', id)
+  redis.call('ZADD', P .. 'q', I(tonumber(h[1]) + tonumber(h[2] or '0')), id)
+end
+local room = LIMIT
+local maxr = redis.call('HGET', P .. 'quotas', 'max_running')
+if maxr then room = math.min(room, tonumber(maxr) - redis.call('ZCARD', P .. 'leases')) end
+local out = {}
+local parks = @PARK_BUDGET@
+-- The lane's best runs, fetched a batch at a time: the loop only takes runs out of the
+-- lane (leased, parked or stale), so the next batch starts at the lane's head again.
+local head, hi = {}, 1
+while #out < room and parks > 0 do
+  if hi > #head then
+    head, hi = redis.call('ZRANGE', P .. 'q', 0, math.min(room - #out, 100) - 1, 'WITHSCORES'), 1
+  end
+  local id, score = head[hi], head[hi + 1]
+  if not id then break end
+  hi = hi + 2
+  local rk = runkey(id)
+  -- MOVE_FIELDS first (handed to move), then what the gates and the lease need.
+  local r = redis.call('HMGET', rk, 'status', 'created_at', 'wait_event', 'wait_run', 'cgate',
+    'parked', 'attempt', 'climit', 'tgate', 'tlimit', 'tperiod', 'nosteps', 'lease_token')
+  local status, cgate, attempt, climit = r[1], r[5], r[7], r[8]
+  local tgate, tlimit, tperiod = r[9], r[10], r[11]
+  local throttled = tgate and status == 'queued' and attempt == '0'
+  if status ~= 'queued' and status ~= 'sleeping' then
+    redis.call('ZREM', P .. 'q', id)
+  elseif cgate and redis.call('SCARD', P .. 'crun:' .. cgate) >= tonumber(climit) then
+    park(id, cgate, score)
+    parks = parks - 1
+  elseif throttled and window_full(tgate, tonumber(tlimit), tonumber(tperiod)) then
+    park(id, tgate, score)
+    redis.call('HSET', P .. 'tcfg', tgate, tlimit .. '|' .. tperiod)
+    redis.call('ZADD', P .. 'gtimer', 'LT',
+      I(window_full(tgate, tonumber(tlimit), tonumber(tperiod))), tgate)
+    parks = parks - 1
+  else
+    if throttled then window_log(tgate, tonumber(tlimit)) end
+    -- Waking from a sleep continues the attempt; anything else starts one.
+    local n, resumed = tonumber(attempt), '0'
+    if status == 'sleeping' then
+      resumed = '1'
+      if n < 1 then n = 1 end
+    else
+      n = n + 1
+    end
+    move(id, 'running', { 'attempt', I(n), 'resumed', resumed,
+      'lease_expires_at', I(NOW + LEASE), 'worker', WORKER,
+      'lease_token', I(tonumber(r[13] or '0') + 1) }, r)
+    redis.call('RPUSH', P .. 'att:' .. id, I(n) .. '|' .. I(NOW) .. '|' .. WORKER_JSON)
+    charge(id, C_ATT + #WORKER_JSON)
+    out[#out + 1] = load_run(id, r[12] == '1')
+  end
+end
+-- Wake other workers only for what this claim left behind.
+if wake > 0 then wake = math.min(wake, redis.call('ZCARD', P .. 'q')) end
+-- A visit that found nothing republishes anyway, repairing a stale global hint.
+local pub = publish(wake, ARGV[9] == '1' or #out == 0)
+return { 'ok', pub or false, out }

@@ -1,0 +1,27 @@
+local name = ARGV[5]
+local fk = P .. 'fn:' .. name
+-- A function is charged its component's size: a replacement the difference.
+local was = redis.call('HGET', fk, 'size_bytes')
+local delta = C_FN + mem(tonumber(ARGV[7]))
+if was then delta = delta - C_FN - mem(tonumber(was)) end
+if delta > 0 then
+  local full = tenant_full(delta)
+  if full then return full end
+end
+charge(nil, delta)
+local old = redis.call('HGET', fk, 'events')
+if old then
+  for _, e in ipairs(cjson.decode(old)) do redis.call('SREM', P .. 'sub:' .. e, name) end
+end
+local created = redis.call('HGET', fk, 'created_at') or I(NOW)
+redis.call('HSET', fk, 'name', name, 'digest', ARGV[6], 'size_bytes', ARGV[7],
+  'settings', ARGV[8], 'max_attempts', ARGV[9], 'events', ARGV[10],
+  'created_at', created, 'updated_at', I(NOW))
+if ARGV[11] ~= '' then
+  redis.call('HSET', fk, 'schedule', ARGV[11])
+else
+  redis.call('HDEL', fk, 'schedule')
+end
+redis.call('SADD', P .. 'fns', name)
+for i = 12, #ARGV do redis.call('SADD', P .. 'sub:' .. ARGV[i], name) end
+return { 'ok', redis.call('HGETALL', fk) }

@@ -1,0 +1,559 @@
+local P = ARGV[1]
+local G = ARGV[2]
+local NOW = tonumber(ARGV[3])
+local TENANT = ARGV[4]
+local WINDOW = @WINDOW@
+local WAKEMAX = @WAKEMAX@
+local FLOW_ARGS = @FLOW_ARGS@
+local T_ARGS = @T_ARGS@
+
+local function I(n) return string.format('%d', n) end
+local function runkey(id) return P .. 'run:' .. id end
+
+-- Storage accounting (wasq_core::storage): what each record costs besides the bytes
+-- stored whole (their length), from RedisStore's cost model; the quotas are the copies
+-- in `quotas` (none: unlimited). A run keeps its own bytes in `sbytes` and `lbytes`.
+-- KEY: a key of the run's own (its `logs:`, `steps:`, `stepseq:`), charged when the
+-- run's first line or step creates it. Key names count at their length (the tenant's
+-- prefix P varies); the constants are net of it.
+local C_RUN, C_ATT, C_STEP, C_LOG, C_EVENT, C_FN = @COSTS@
+local KEY = @KEY_COST@ + #P
+-- IDEM: an idempotency key's overhead besides the key itself (twice): the run's
+-- `idempotency_key` field and the entry in `idem:<function>` with its `created_at:id`.
+local IDEM = 130
+-- What a value of n bytes stored on its own (a hash field of a run, a component) really
+-- takes: its sds header and terminator, rounded up to jemalloc's size class (16-byte
+-- steps up to 128, then four classes per doubling), as MEMORY USAGE counts it. Values of
+-- 64 bytes or less count as they are: Redis packs them, or their rounding is in the
+-- per-record constants.
+local function mem(n)
+  if n <= 64 then return n end
+  local need = n + 4
+  if n >= 65536 then need = n + 10 elseif n >= 256 then need = n + 6 end
+  if need <= 128 then return math.ceil(need / 16) * 16 end
+  local p = 128
+  while p * 2 < need do p = p * 2 end
+  local class = p / 4
+  return math.ceil(need / class) * class
+end
+local INLINE = @INLINE@
+local function quota(name)
+  local q = redis.call('HGET', P .. 'quotas', name)
+  if q then return tonumber(q) end
+  return nil
+end
+local function stored() return tonumber(redis.call('HGET', P .. 'usage', 'stored') or '0') end
+-- Adds n bytes to the tenant's usage and, with an id, to the run's `field` (sbytes).
+local function charge(id, n, field)
+  if n == 0 then return end
+  redis.call('HINCRBY', P .. 'usage', 'stored', n)
+  if id then redis.call('HINCRBY', runkey(id), field or 'sbytes', n) end
+end
+-- nil when the tenant has room for n more bytes, else the reply refusing them.
+local function tenant_full(n)
+  local max = quota('max_stored_bytes')
+  local used = stored()
+  if max and used + n > max then return { 'storage', 'tenant', I(used), I(n), I(max) } end
+  return nil
+end
+-- nil when run `id` (used: its bytes so far) and its tenant have room for n more bytes.
+local function run_full(id, used, n)
+  local max = quota('max_run_bytes')
+  if max and used + n > max then return { 'storage', 'run', I(used), I(n), I(max) } end
+  return tenant_full(n)
+end
+local function run_bytes(id) return tonumber(redis.call('HGET', runkey(id), 'sbytes') or '0') end
+-- The run's fields that come and go (its latest error, output, the resolution its waiters
+-- receive, its wait, its progress): charged at their size when set (`move`,
+-- `blob_delta`), the old value given back; dropped with `drop_blobs`.
+local BLOBS = { error = true, output = true, resolution = true, wait = true, progress = true }
+local function blob_delta(rk, fields)
+  local d = 0
+  for i = 1, #fields, 2 do
+    if BLOBS[fields[i]] then
+      d = d + mem(#fields[i + 1]) - mem(redis.call('HSTRLEN', rk, fields[i]))
+    end
+  end
+  return d
+end
+local function drop_blobs(id, ...)
+  local rk = runkey(id)
+  local d = 0
+  for _, f in ipairs({ ... }) do
+    if BLOBS[f] then d = d - mem(redis.call('HSTRLEN', rk, f)) end
+  end
+  charge(id, d)
+  redis.call('HDEL', rk, ...)
+end
+
+-- An event id is kept twice (the dedup hash and its time index).
+local function event_cost(eid) return C_EVENT + 2 * #eid end
+-- Forgets up to `limit` event ids past their dedup window, giving back what they cost.
+local function forget_events(limit)
+  for _, old in ipairs(redis.call('ZRANGEBYSCORE', P .. 'evz', '-inf', NOW - WINDOW, 'LIMIT', 0, limit)) do
+    redis.call('ZREM', P .. 'evz', old)
+    redis.call('HDEL', P .. 'events', old)
+    charge(nil, -event_cost(old))
+  end
+end
+local TERMINAL = { succeeded = true, failed = true, cancelled = true, skipped = true }
+
+-- A run as replies carry it: the values of RUN_FIELDS (decode.rs), in order. Without its
+-- last field, output, when the caller already has it.
+local RUN_FIELDS = { @RUN_FIELDS@ }
+local function run_fields(id, without_output)
+  local n = #RUN_FIELDS
+  if without_output then n = n - 1 end
+  return redis.call('HMGET', runkey(id), unpack(RUN_FIELDS, 1, n))
+end
+
+-- A claimed run and its steps. `nosteps`: the run's `nosteps` flag (set at creation,
+-- cleared by its first step), so a run without steps costs no reads of its step keys.
+-- Step outputs come along while they fit in INLINE bytes; the rest by reference.
+local function load_run(id, nosteps)
+  if nosteps then return { run_fields(id), {}, {} } end
+  local sk = P .. 'steps:' .. id
+  local order = redis.call('LRANGE', P .. 'stepseq:' .. id, 0, -1)
+  local outs, budget = {}, INLINE
+  for _, e in ipairs(order) do
+    local field = string.match(e, '^[^|]*|[^|]*|(.*)$')
+    local len = redis.call('HSTRLEN', sk, field)
+    if len <= budget then
+      budget = budget - len
+      outs[#outs + 1] = field
+      outs[#outs + 1] = redis.call('HGET', sk, field)
+    end
+  end
+  return { run_fields(id), order, outs }
+end
+
+-- Flow control (see lib.rs): due runs wait in the lane `q` by rank; a run its gate holds
+-- back is parked in `park:<gate>` (same rank) until the gate lets it back into the lane.
+local function unpark(id, score)
+  redis.call('ZADD', P .. 'q', score, id)
+  redis.call('HDEL', runkey(id), 'parked')
+end
+
+local function park(id, gate, score)
+  redis.call('ZREM', P .. 'q', id)
+  redis.call('ZADD', P .. 'park:' .. gate, score, id)
+  redis.call('HSET', runkey(id), 'parked', gate)
+end
+
+-- A slot of a concurrency key freed: its best parked run goes back into the lane.
+local function unpark_one(gate)
+  local p = redis.call('ZPOPMIN', P .. 'park:' .. gate, 1)
+  if p[1] then unpark(p[1], p[2]) end
+end
+
+-- The value of field `name` in a flat name/value list, or the run's stored value.
+local function field_or_stored(fields, name, rk)
+  for i = 1, #fields, 2 do
+    if fields[i] == name then return fields[i + 1] end
+  end
+  return redis.call('HGET', rk, name)
+end
+
+-- The fields `move` reads first, in this order; a caller that read them already (the
+-- first MOVE_FIELDS elements of its HMGET) passes them as `pre`.
+local MOVE_FIELDS = { 'status', 'created_at', 'wait_event', 'wait_run', 'cgate', 'parked' }
+
+-- Moves run `id` to `status`, setting `fields` (flat name/value list) and updated_at, and
+-- keeps every index in step: status index, ready/lane/park/lease/timeout zsets, waiter
+-- sets, ended zsets, running sets of concurrency keys. Waiting runs get their waiter-set
+-- and timeout entries from the caller. A run is only taken out of the indexes its old
+-- status puts it in: queued and sleeping runs are in `ready` or `q` (or parked), running
+-- runs in `leases`, waiting runs in `timeouts` and their waiter set; entries an index
+-- keeps after a run left its status are dropped by the claim that meets them.
+local function move(id, status, fields, pre)
+  local rk = runkey(id)
+  local r = pre or redis.call('HMGET', rk, unpack(MOVE_FIELDS))
+  local old, created, cgate = r[1], r[2], r[5]
+  if old ~= status then
+    if old then redis.call('ZREM', P .. 'st:' .. old, id) end
+    redis.call('ZADD', P .. 'st:' .. status, created, id)
+  end
+  if old == 'queued' or old == 'sleeping' then
+    redis.call('ZREM', P .. 'ready', id)
+    redis.call('ZREM', P .. 'q', id)
+  elseif old == 'running' then
+    redis.call('ZREM', P .. 'leases', id)
+  elseif old == 'waiting' then
+    redis.call('ZREM', P .. 'timeouts', id)
+    if r[3] then redis.call('SREM', P .. 'waiters:' .. r[3], id) end
+    if r[4] then redis.call('SREM', P .. 'rw:' .. r[4], id) end
+  elseif old == 'succeeded' or old == 'skipped' then
+    redis.call('ZREM', P .. 'ended:ok', id)
+  elseif old == 'failed' or old == 'cancelled' then
+    redis.call('ZREM', P .. 'ended:bad', id)
+  end
+  if r[6] then
+    redis.call('ZREM', P .. 'park:' .. r[6], id)
+    redis.call('HDEL', rk, 'parked')
+  end
+  charge(id, blob_delta(rk, fields))
+  redis.call('HSET', rk, 'status', status, 'updated_at', I(NOW), unpack(fields))
+  if status == 'queued' or status == 'sleeping' then
+    local h = redis.call('HMGET', rk, 'due_at', 'rank_offset')
+    local due = tonumber(h[1])
+    if due <= NOW then
+      redis.call('ZADD', P .. 'q', I(due + tonumber(h[2] or '0')), id)
+    else
+      redis.call('ZADD', P .. 'ready', h[1], id)
+    end
+  elseif status == 'running' then
+    redis.call('ZADD', P .. 'leases', field_or_stored(fields, 'lease_expires_at', rk), id)
+  elseif status == 'succeeded' or status == 'skipped' then
+    redis.call('ZADD', P .. 'ended:ok', field_or_stored(fields, 'finished_at', rk), id)
+  elseif status == 'failed' or status == 'cancelled' then
+    redis.call('ZADD', P .. 'ended:bad', field_or_stored(fields, 'finished_at', rk), id)
+  end
+  if cgate and old ~= status then
+    if status == 'running' then
+      redis.call('SADD', P .. 'crun:' .. cgate, id)
+    elseif old == 'running' then
+      redis.call('SREM', P .. 'crun:' .. cgate, id)
+      unpark_one(cgate)
+    elseif TERMINAL[status] and not r[6] then
+      -- A candidate for a slot is gone: let the next one try.
+      unpark_one(cgate)
+    end
+  end
+end
+
+-- Ends the run's latest execution (the last element of its attempts list).
+local function close_attempt(id, err, fuel, suspended)
+  local ak = P .. 'att:' .. id
+  local last = redis.call('LINDEX', ak, -1)
+  if last then
+    last = string.match(last, '^[^\n]*')
+    redis.call('LSET', ak, -1, last .. '\n' .. I(NOW) .. '|' .. fuel .. '|' .. suspended .. '|' .. err)
+    -- Never refused: a run over its quota must still be able to fail.
+    charge(id, #err)
+  end
+end
+
+-- What a new step costs: its field twice (the hash and the order list) and its output;
+-- the run's first step creates both keys.
+local function step_cost(id, field, output)
+  local c = C_STEP + 2 * #field + mem(#output)
+  if redis.call('HEXISTS', runkey(id), 'nosteps') == 1 then c = c + 2 * KEY end
+  return c
+end
+
+-- Stores a step output; the first write wins.
+local function write_step(id, field, output, attempt)
+  local sk = P .. 'steps:' .. id
+  if redis.call('HEXISTS', sk, field) == 0 then
+    charge(id, step_cost(id, field, output))
+    redis.call('HSET', sk, field, output)
+    redis.call('RPUSH', P .. 'stepseq:' .. id, attempt .. '|' .. I(NOW) .. '|' .. field)
+    redis.call('HDEL', runkey(id), 'nosteps')
+  end
+end
+
+-- Appends log lines (ARGV[first..]) while the run's log budget (max_run_log_bytes) and
+-- the tenant's room last; past either, the marker line Rust made for that case, once,
+-- and nothing after it (`lcut`).
+local function append_logs(id, first, mrun, mtenant)
+  if first > #ARGV then return end
+  local rk = runkey(id)
+  local r = redis.call('HMGET', rk, 'lbytes', 'lcut')
+  if r[2] == '1' then return end
+  local used = tonumber(r[1] or '0')
+  local rmax, tmax = quota('max_run_log_bytes'), quota('max_stored_bytes')
+  local tused = stored()
+  local added, cut = 0, nil
+  -- The run's first line creates its list.
+  local key = 0
+  if redis.call('EXISTS', P .. 'logs:' .. id) == 0 then key = KEY end
+  for i = first, #ARGV do
+    local c = C_LOG + #ARGV[i] + key
+    if rmax and used + added + c > rmax then cut = mrun
+    elseif tmax and tused + added + c > tmax then cut = mtenant end
+    if cut then break end
+    redis.call('RPUSH', P .. 'logs:' .. id, ARGV[i])
+    added = added + c
+    key = 0
+  end
+  if cut then
+    redis.call('RPUSH', P .. 'logs:' .. id, cut)
+    redis.call('HSET', rk, 'lcut', '1')
+    added = added + C_LOG + #cut + key
+  end
+  charge(id, added, 'lbytes')
+end
+
+-- Ends a wait: the resolution becomes the waiting step's output and the run is due now as
+-- a resume of its current attempt.
+local function resolve_wait(id, resolution)
+  local rk = runkey(id)
+  local r = redis.call('HMGET', rk, 'wait_step', 'attempt')
+  write_step(id, r[1], resolution, r[2])
+  move(id, 'sleeping', { 'due_at', I(NOW) })
+  drop_blobs(id, 'wait', 'wait_event', 'wait_run', 'wait_step', 'wait_ver')
+end
+
+-- After run `id` ended: the runs waiting for it resume with its resolution. Returns how
+-- many resumed.
+local function resolve_waiters_of(id)
+  local wk = P .. 'rw:' .. id
+  local ws = redis.call('SMEMBERS', wk)
+  if #ws == 0 then return 0 end
+  local res = redis.call('HGET', runkey(id), 'resolution')
+  if not res then return 0 end
+  local n = 0
+  for _, w in ipairs(ws) do
+    local r = redis.call('HMGET', runkey(w), 'status', 'wait_run')
+    if r[1] == 'waiting' and r[2] == id then
+      resolve_wait(w, res)
+      n = n + 1
+    end
+  end
+  redis.call('DEL', wk)
+  return n
+end
+
+-- A transition computed by wasq_core::lifecycle (T_ARGS arguments from ARGV[i], see
+-- transition.rs); nil when ARGV[i] is '' (none sent).
+local function read_transition(i)
+  if ARGV[i] == '' then return nil end
+  local a = function(k) return ARGV[i + k] end
+  return {
+    status = a(0), errmode = a(1), err = a(2), hasout = a(3), out = a(4), due = a(5),
+    fin = a(6), giveback = a(7), exec = a(8), eerr = a(9), efuel = a(10), esusp = a(11),
+    res = a(12), uexec = a(13), ufuel = a(14), clearcancel = a(15),
+  }
+end
+
+-- Writes transition `t` of run `id`: its history, its tenant's usage, its hash and every
+-- index (`move`, which takes `pre` and `extra` fields). It decides nothing: whatever the
+-- transition says is stored. Returns whether the run is now claimable at once.
+local function apply(id, t, pre, extra)
+  local rk = runkey(id)
+  if t.exec == 'close' then
+    close_attempt(id, t.eerr, t.efuel, t.esusp)
+  elseif t.exec == 'drop' then
+    local att = redis.call('RPOP', P .. 'att:' .. id)
+    if att then
+      local worker = string.match(att, '^[^|]*|[^|]*|(.*)$') or ''
+      charge(id, -(C_ATT + #worker))
+    end
+  end
+  if t.uexec == '1' then
+    redis.call('HINCRBY', P .. 'usage', 'attempts', 1)
+    if t.ufuel ~= '' then redis.call('HINCRBY', P .. 'usage', 'fuel', t.ufuel) end
+  end
+  local fields, gone = extra or {}, { 'lease_expires_at', 'worker' }
+  local function set(k, v) fields[#fields + 1] = k; fields[#fields + 1] = v end
+  if t.errmode == 's' then set('error', t.err) elseif t.errmode == 'c' then gone[#gone + 1] = 'error' end
+  if t.hasout == '1' then set('output', t.out) end
+  if t.due ~= '' then set('due_at', t.due) end
+  if t.fin ~= '' then set('finished_at', t.fin) else gone[#gone + 1] = 'finished_at' end
+  if t.res ~= '' then set('resolution', t.res) else gone[#gone + 1] = 'resolution' end
+  if t.clearcancel == '1' then set('cancel_requested', '0') end
+  if t.giveback == '1' then
+    set('attempt', I(tonumber(redis.call('HGET', rk, 'attempt')) - 1))
+  end
+  move(id, t.status, fields, pre)
+  drop_blobs(id, unpack(gone))
+  return (t.status == 'queued' or t.status == 'sleeping')
+    and tonumber(redis.call('HGET', rk, 'due_at')) <= NOW
+end
+
+-- The sliding window of a throttle or rate limit (`win:<gate>`, newest first, at most
+-- `limit` entries): the time it opens when `limit` entries fall in the last `period`,
+-- nil when there is room.
+local function window_full(gate, limit, period)
+  local t = redis.call('LINDEX', P .. 'win:' .. gate, limit - 1)
+  if t and tonumber(t) > NOW - period then return tonumber(t) + period end
+  return nil
+end
+
+local function window_log(gate, limit)
+  redis.call('LPUSH', P .. 'win:' .. gate, I(NOW))
+  redis.call('LTRIM', P .. 'win:' .. gate, 0, limit - 1)
+end
+
+-- The flow-control arguments of one run, computed by Rust from the function's settings
+-- and the run's input (FLOW_ARGS of them, from ARGV[i]).
+local function read_flow(i)
+  local a = function(k) return ARGV[i + k] end
+  return {
+    prio = a(0), offset = a(1), cgate = a(2), climit = a(3), tgate = a(4), tlimit = a(5),
+    tperiod = a(6), rgate = a(7), rlimit = a(8), rperiod = a(9), dgate = a(10),
+    dperiod = a(11), keys = a(12), rerr = a(13), rres = a(14), derr = a(15), dprev = a(16),
+    dres = a(17), enforce = a(18),
+  }
+end
+
+-- What a new run costs: the per-run overhead (with its `run:` and `att:` key names),
+-- everything its hash keeps whole, and its idempotency key.
+local function run_cost(input, trigger, settings, idem, retry, fl)
+  local c = C_RUN + 2 * #P + mem(#input) + mem(#trigger) + mem(#settings) + mem(#retry)
+    + mem(#fl.keys)
+  if idem ~= '' then c = c + 2 * mem(#idem) + IDEM end
+  return c
+end
+
+-- Creates a run of function `fname`, or returns the run created earlier with the same
+-- idempotency key within the window. `settings` is the function's settings blob Rust
+-- computed `fl` from. Applies the rate limit (the run is created skipped), debounce (the
+-- pending run of the key is skipped), the tenant's max_queued (when fl.enforce) and its
+-- storage quotas. Returns id, created, error ('not_found', 'stale', 'quota', or a
+-- 'storage' reply), runs woken.
+local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max, parent, settings, fl)
+  local f = redis.call('HMGET', P .. 'fn:' .. fname, 'digest', 'settings', 'max_attempts')
+  if not f[1] then return nil, false, 'not_found', 0 end
+  if f[2] ~= settings then return nil, false, 'stale', 0 end
+  local ik = P .. 'idem:' .. fname
+  if idem ~= '' then
+    local v = redis.call('HGET', ik, idem)
+    if v then
+      local sep = string.find(v, ':', 1, true)
+      local created, old = tonumber(string.sub(v, 1, sep - 1)), string.sub(v, sep + 1)
+      local exists = redis.call('EXISTS', runkey(old)) == 1
+      if exists and created > NOW - WINDOW then return old, false, nil, 0 end
+      -- Past its window the key is free again; the old run keeps its history.
+      if exists then redis.call('HDEL', runkey(old), 'idempotency_key') end
+    end
+  end
+  local status = 'queued'
+  if fl.rgate ~= '' and window_full(fl.rgate, tonumber(fl.rlimit), tonumber(fl.rperiod)) then
+    status = 'skipped'
+  end
+  local replaced = nil
+  if status == 'queued' and fl.dgate ~= '' then
+    -- Rust computed the replaced run's resolution for the run the key pointed to.
+    local prev = redis.call('HGET', P .. 'deb', fl.dgate)
+    if (prev or '') ~= fl.dprev then return nil, false, 'stale', 0 end
+    if prev then
+      local r = redis.call('HMGET', runkey(prev), 'status', 'attempt')
+      if r[1] == 'queued' and r[2] == '0' then replaced = prev end
+    end
+  end
+  -- fl.enforce: how many times the tenant's max_queued the queue may hold
+  -- (wasq_core::lifecycle::Admission::cap_factor); '0' none (checked by the caller).
+  if status == 'queued' and fl.enforce ~= '0' then
+    local maxq = redis.call('HGET', P .. 'quotas', 'max_queued')
+    local adding = 1
+    if replaced then adding = 0 end
+    if maxq and redis.call('ZCARD', P .. 'st:queued') + adding > tonumber(maxq) * tonumber(fl.enforce) then
+      return nil, false, 'quota', 0
+    end
+  end
+  local cost = run_cost(input, trigger, f[2], idem, retry, fl)
+  if status == 'skipped' then cost = cost + mem(#fl.rerr) + mem(#fl.rres) end
+  local full = run_full(id, 0, cost)
+  if full then return nil, false, full, 0 end
+  if idem ~= '' then redis.call('HSET', ik, idem, I(NOW) .. ':' .. id) end
+  local woke = 0
+  if replaced then
+    move(replaced, 'skipped', { 'error', fl.derr, 'finished_at', I(NOW), 'resolution', fl.dres })
+    woke = resolve_waiters_of(replaced)
+  end
+  if due == '' then due = I(NOW) end
+  if status == 'skipped' then due = I(NOW) end
+  if status == 'queued' and fl.dgate ~= '' then
+    if tonumber(due) < NOW + tonumber(fl.dperiod) then due = I(NOW + tonumber(fl.dperiod)) end
+    redis.call('HSET', P .. 'deb', fl.dgate, id)
+  end
+  local max = f[3]
+  if retry ~= '' then max = retry_max end
+  local fields = {
+    'id', id, 'tenant', TENANT, 'function', fname, 'digest', f[1], 'settings', f[2],
+    'max_attempts', max, 'status', status, 'input', input, 'attempt', '0',
+    'trigger', trigger, 'created_at', I(NOW), 'updated_at', I(NOW), 'due_at', due,
+    'lease_token', '0', 'cancel_requested', '0', 'resumed', '0', 'nosteps', '1',
+    'priority', fl.prio, 'rank_offset', fl.offset,
+  }
+  local function add(k, v) if v ~= '' then fields[#fields + 1] = k; fields[#fields + 1] = v end end
+  add('retry', retry)
+  add('idempotency_key', idem)
+  add('parent', parent)
+  add('keys', fl.keys)
+  add('cgate', fl.cgate)
+  if fl.cgate ~= '' then add('climit', fl.climit) end
+  add('tgate', fl.tgate)
+  if fl.tgate ~= '' then add('tlimit', fl.tlimit); add('tperiod', fl.tperiod) end
+  if status == 'queued' then add('dgate', fl.dgate) end
+  if status == 'skipped' then
+    add('error', fl.rerr)
+    add('finished_at', I(NOW))
+    add('resolution', fl.rres)
+  end
+  add('sbytes', I(cost))
+  if parent ~= '' then redis.call('ZADD', P .. 'kids:' .. parent, NOW, id) end
+  redis.call('HSET', runkey(id), unpack(fields))
+  charge(nil, cost)
+  -- The component stays while a run pins it (see collect_components in lib.rs).
+  redis.call('HINCRBY', P .. 'rdig', f[1], 1)
+  redis.call('ZADD', P .. 'all', NOW, id)
+  redis.call('ZADD', P .. 'byfn:' .. fname, NOW, id)
+  redis.call('ZADD', P .. 'st:' .. status, NOW, id)
+  if status == 'skipped' then
+    redis.call('ZADD', P .. 'ended:ok', NOW, id)
+  else
+    if tonumber(due) <= NOW then
+      redis.call('ZADD', P .. 'q', I(tonumber(due) + tonumber(fl.offset)), id)
+    else
+      redis.call('ZADD', P .. 'ready', due, id)
+    end
+    if fl.rgate ~= '' then window_log(fl.rgate, tonumber(fl.rlimit)) end
+  end
+  return id, true, nil, woke
+end
+
+-- Whether the tenant may start another run (its max_running quota).
+local function has_room()
+  local maxr = redis.call('HGET', P .. 'quotas', 'max_running')
+  return not maxr or redis.call('ZCARD', P .. 'leases') < tonumber(maxr)
+end
+
+-- The tenant's next due time: 0 (now) when its lane holds runs it has room to start,
+-- else the earliest of its not yet due runs, lease expiries, wait timeouts and throttle
+-- windows opening; nil when it has none. Parked runs wait for an event of their gate.
+local function next_due()
+  if redis.call('ZCARD', P .. 'q') > 0 and has_room() then return 0 end
+  local best = nil
+  for _, z in ipairs({ 'ready', 'leases', 'timeouts', 'gtimer' }) do
+    local h = redis.call('ZRANGE', P .. z, 0, 0, 'WITHSCORES')
+    if h[2] then
+      local s = tonumber(h[2])
+      if best == nil or s < best then best = s end
+    end
+  end
+  return best
+end
+
+-- apply_hint (lua/apply_hint.lua) comes before this prelude.
+
+-- Publishes the tenant's next due time to the global schedule and pushes `wake` tokens.
+-- Single node (G set): done here, atomically. Cluster (G empty): the global keys live in
+-- another slot, so the script returns {seq, next, wake} and the caller applies it with the
+-- hint script, which drops updates older than the newest seq it has seen.
+local function publish(wake, force)
+  local n = next_due()
+  local ns = ''
+  if n then ns = I(n) end
+  local meta = P .. 'meta'
+  local changed = force or redis.call('HGET', meta, 'next') ~= ns
+  if not changed and wake == 0 then return false end
+  local seq = 0
+  if changed then
+    seq = redis.call('HINCRBY', meta, 'seq', 1)
+    redis.call('HSET', meta, 'next', ns)
+  end
+  if G ~= '' then
+    apply_hint(G, TENANT, ns, wake, changed)
+    return false
+  end
+  return { seq, ns, wake }
+end
+
+local function check_lease(id, token)
+  local r = redis.call('HMGET', runkey(id), 'status', 'lease_token')
+  if not r[1] then return 'not_found' end
+  if r[1] ~= 'running' or r[2] ~= token then return 'lease_lost' end
+  return nil
+end

@@ -1,0 +1,36 @@
+local LIMIT = tonumber(ARGV[7])
+local n = 0
+local function delete(id)
+  local rk = runkey(id)
+  local r = redis.call('HMGET', rk, 'status', 'function', 'parent', 'idempotency_key', 'sbytes',
+    'lbytes', 'digest')
+  charge(nil, -(tonumber(r[5] or '0') + tonumber(r[6] or '0')))
+  if r[7] and redis.call('HINCRBY', P .. 'rdig', r[7], -1) <= 0 then
+    redis.call('HDEL', P .. 'rdig', r[7])
+  end
+  redis.call('ZREM', P .. 'all', id)
+  redis.call('ZREM', P .. 'ended:ok', id)
+  redis.call('ZREM', P .. 'ended:bad', id)
+  if r[1] then redis.call('ZREM', P .. 'st:' .. r[1], id) end
+  if r[2] then redis.call('ZREM', P .. 'byfn:' .. r[2], id) end
+  if r[3] then redis.call('ZREM', P .. 'kids:' .. r[3], id) end
+  if r[2] and r[4] then
+    local ik = P .. 'idem:' .. r[2]
+    local v = redis.call('HGET', ik, r[4])
+    if v and string.sub(v, -#id) == id then redis.call('HDEL', ik, r[4]) end
+  end
+  redis.call('DEL', rk, P .. 'steps:' .. id, P .. 'stepseq:' .. id, P .. 'att:' .. id,
+    P .. 'logs:' .. id, P .. 'rw:' .. id)
+end
+for _, pair in ipairs({ { 'ended:ok', ARGV[5] }, { 'ended:bad', ARGV[6] } }) do
+  if n < LIMIT then
+    local ids = redis.call('ZRANGEBYSCORE', P .. pair[1], '-inf', '(' .. pair[2], 'LIMIT', 0, LIMIT - n)
+    for _, id in ipairs(ids) do
+      delete(id)
+      n = n + 1
+    end
+  end
+end
+-- Event ids are only remembered for their dedup window.
+forget_events(LIMIT)
+return { 'ok', n }

@@ -1,0 +1,25 @@
+local id, kind = ARGV[5], ARGV[7]
+local bad = check_lease(id, ARGV[6])
+if bad then return { bad } end
+local rk = runkey(id)
+if kind == 'progress' then
+  -- Progress replaces itself (bounded by the sandbox): charged, never refused.
+  charge(id, blob_delta(rk, { 'progress', ARGV[8] }))
+  redis.call('HSET', rk, 'progress', ARGV[8], 'updated_at', I(NOW))
+  return { 'ok' }
+end
+local first_log = 10
+if kind == 'step' then
+  first_log = 12
+  local field, output = ARGV[8], ARGV[9]
+  -- A step stored already (a replayed record) adds nothing; a new one must fit.
+  if redis.call('HEXISTS', P .. 'steps:' .. id, field) == 0 then
+    local full = run_full(id, run_bytes(id), step_cost(id, field, output))
+    if full then return full end
+  end
+  append_logs(id, first_log, ARGV[10], ARGV[11])
+  write_step(id, field, output, redis.call('HGET', rk, 'attempt'))
+else
+  append_logs(id, first_log, ARGV[8], ARGV[9])
+end
+return { 'ok' }
