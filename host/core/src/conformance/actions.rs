@@ -152,3 +152,145 @@ pub(super) async fn run_id_prefixes(store: impl Store, clock: ManualClock) {
     );
     assert!(find("ffffffff-fff".to_string()).await.is_empty());
 }
+
+pub(super) async fn cancel(store: impl Store, clock: ManualClock) {
+    deploy_fn(&store, "f", "d", 3).await;
+    let queued = enqueue(&store, "f", "1").await;
+    let r = store
+        .cancel(RunAction::cancel(DEFAULT_TENANT, &queued.id, "key:test"))
+        .await
+        .unwrap();
+    assert_eq!((r.status, r.finished_at), (RunStatus::Cancelled, Some(T0)));
+    let again = store
+        .cancel(RunAction::cancel(DEFAULT_TENANT, &queued.id, "key:test"))
+        .await;
+    assert!(matches!(again, Err(StoreError::Conflict(_))), "{again:?}");
+    let missing = store
+        .cancel(RunAction::cancel("someone-else", &queued.id, "key:test"))
+        .await;
+    assert!(
+        matches!(missing, Err(StoreError::NotFound(_))),
+        "{missing:?}"
+    );
+
+    let sleeper = enqueue(&store, "f", "2").await;
+    let c = claim(&store, "w", 1).await.remove(0);
+    assert_eq!(c.run.id, sleeper.id, "the cancelled run is never claimed");
+    store
+        .finish(
+            &c.lease,
+            Outcome::Suspended {
+                until: T0 + 60_000,
+                fuel_used: None,
+            },
+        )
+        .await
+        .unwrap();
+    let r = store
+        .cancel(RunAction::cancel(DEFAULT_TENANT, &sleeper.id, "key:test"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, RunStatus::Cancelled);
+    clock.advance(60_000);
+    assert!(
+        claim(&store, "w", 1).await.is_empty(),
+        "a cancelled sleeper never wakes"
+    );
+
+    let running = enqueue(&store, "f", "3").await;
+    let c = claim(&store, "w", 1).await.remove(0);
+    let r = store
+        .cancel(RunAction::cancel(DEFAULT_TENANT, &running.id, "key:test"))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status,
+        RunStatus::Running,
+        "a running run ends when its attempt stops"
+    );
+    let renewal = store
+        .renew(std::slice::from_ref(&c.lease), LEASE)
+        .await
+        .unwrap();
+    assert_eq!(
+        renewal,
+        Renewal {
+            lost: vec![],
+            cancelling: vec![running.id.clone()]
+        },
+        "renewal tells the worker to stop, and that the lease is still held"
+    );
+    let error = RunError::new(ErrorReason::Host, "attempt cancelled");
+    let r = store
+        .finish(
+            &c.lease,
+            Outcome::Failed {
+                error,
+                retry_in_ms: Some(60_001),
+                fuel_used: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, RunStatus::Cancelled, "not retried");
+    assert!(r.finished_at.is_some());
+}
+
+pub(super) async fn manual_retry(store: impl Store, clock: ManualClock) {
+    deploy_fn(&store, "f", "d", 2).await;
+    let run = enqueue(&store, "f", "{}").await;
+    let c = claim(&store, "w", 1).await.remove(0);
+    store
+        .finish(&c.lease, failed(ErrorReason::Fatal, None))
+        .await
+        .unwrap();
+    let r = store
+        .retry(RunAction::retry(DEFAULT_TENANT, &run.id, "key:test"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.status, r.due_at, r.finished_at),
+        (RunStatus::Queued, T0, None)
+    );
+    assert_eq!(
+        r.settings.retry.max_attempts, 3,
+        "one used + a fresh budget of 2"
+    );
+    let c = claim(&store, "w", 1).await.remove(0);
+    assert_eq!(c.run.attempt, 2);
+    let conflict = store
+        .retry(RunAction::retry(DEFAULT_TENANT, &run.id, "key:test"))
+        .await;
+    assert!(
+        matches!(conflict, Err(StoreError::Conflict(_))),
+        "running: {conflict:?}"
+    );
+    store
+        .finish(
+            &c.lease,
+            Outcome::Succeeded {
+                output: b"1".to_vec(),
+                fuel_used: None,
+            },
+        )
+        .await
+        .unwrap();
+    let conflict = store
+        .retry(RunAction::retry(DEFAULT_TENANT, &run.id, "key:test"))
+        .await;
+    assert!(
+        matches!(conflict, Err(StoreError::Conflict(_))),
+        "succeeded: {conflict:?}"
+    );
+    clock.advance(1);
+    let cancelled = enqueue(&store, "f", "{}").await;
+    store
+        .cancel(RunAction::cancel(DEFAULT_TENANT, &cancelled.id, "key:test"))
+        .await
+        .unwrap();
+    let r = store
+        .retry(RunAction::retry(DEFAULT_TENANT, &cancelled.id, "key:test"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, RunStatus::Queued);
+}

@@ -430,3 +430,109 @@ pub(super) async fn big_steps_by_reference(store: impl Store + Directory, clock:
     );
     assert_eq!(d.attempts_total, 2);
 }
+
+pub(super) async fn purge(store: impl Store, clock: ManualClock) {
+    deploy_fn(&store, "f", "d", 1).await;
+    let ok = enqueue(&store, "f", "{}").await;
+    let c = claim(&store, "w", 1).await.remove(0);
+    store
+        .record(
+            &c.lease,
+            Record::Step {
+                name: "s".into(),
+                occurrence: 0,
+                output: b"1".to_vec(),
+                logs: vec![],
+            },
+        )
+        .await
+        .unwrap();
+    store
+        .finish(
+            &c.lease,
+            Outcome::Succeeded {
+                output: b"1".to_vec(),
+                fuel_used: None,
+            },
+        )
+        .await
+        .unwrap();
+    let bad = enqueue(&store, "f", "{}").await;
+    let c = claim(&store, "w", 1).await.remove(0);
+    store
+        .finish(&c.lease, failed(ErrorReason::Fatal, None))
+        .await
+        .unwrap();
+    let queued = enqueue(&store, "f", "{}").await;
+    let child = store
+        .enqueue(EnqueueRequest {
+            tenant: DEFAULT_TENANT.into(),
+            function: "f".into(),
+            input: b"{}".to_vec(),
+            trigger: "child".into(),
+            due_at: Some(T0 + 1_000_000),
+            idempotency_key: None,
+            retry: None,
+            parent: Some(queued.id.clone()),
+            priority: None,
+        })
+        .await
+        .unwrap()
+        .run;
+    let kids = store
+        .runs(RunQuery {
+            parent: Some(queued.id.clone()),
+            ..query(None, None)
+        })
+        .await
+        .unwrap();
+    assert_eq!(kids.len(), 1, "children listed by parent");
+    assert_eq!(kids[0].id, child.id);
+
+    clock.advance(100);
+    let req = |succeeded_before, failed_before| PurgeRequest {
+        succeeded_before,
+        failed_before,
+        limit: 100,
+    };
+    assert_eq!(
+        store.purge(req(T0, T0)).await.unwrap(),
+        0,
+        "nothing ended before T0"
+    );
+    assert_eq!(
+        store.purge(req(T0 + 50, T0)).await.unwrap(),
+        1,
+        "the succeeded run"
+    );
+    assert!(store.run(DEFAULT_TENANT, &ok.id).await.unwrap().is_none());
+    assert!(
+        store
+            .logs(DEFAULT_TENANT, &ok.id, 0, usize::MAX)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        store.run(DEFAULT_TENANT, &bad.id).await.unwrap().is_some(),
+        "failures are kept longer"
+    );
+    assert_eq!(
+        store.purge(req(T0 + 50, T0 + 50)).await.unwrap(),
+        1,
+        "the failed run"
+    );
+    assert!(store.run(DEFAULT_TENANT, &bad.id).await.unwrap().is_none());
+    assert_eq!(
+        store.purge(req(i64::MAX, i64::MAX)).await.unwrap(),
+        0,
+        "unfinished runs are never purged"
+    );
+    assert!(
+        store
+            .run(DEFAULT_TENANT, &queued.id)
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
