@@ -1,0 +1,192 @@
+//! Admission: a run's flow plan and the function's settings (cached, checked by the
+//! script against the stored blob), the debounce key's run, and the enqueue script.
+
+use super::*;
+
+impl RedisStore {
+    pub(crate) async fn admit_run(&self, req: EnqueueRequest) -> Result<Enqueued, StoreError> {
+        let now = self.now();
+        let id = wasq_core::ids::new_run_id(now);
+        let not_found = || StoreError::NotFound(format!("function {:?}", req.function));
+        let mut fresh = false;
+        for _ in 0..STALE_RETRIES {
+            let Some(fs) = self.fn_settings(&req.tenant, &req.function, fresh).await? else {
+                return Err(not_found());
+            };
+            let plan = fs.flow.plan(&req.function, &req.input, req.priority);
+            let args = Args::new()
+                .s(&id)
+                .s(&req.function)
+                .b(req.input.clone())
+                .s(&req.trigger)
+                .opt_n(req.due_at)
+                .s(req.idempotency_key.as_deref().unwrap_or(""))
+                .b(match &req.retry {
+                    Some(r) => to_json(r)?,
+                    None => Vec::new(),
+                })
+                .opt_n(req.retry.map(|r| r.max_attempts))
+                .s(req.parent.as_deref().unwrap_or(""))
+                .b(fs.blob.clone());
+            let admission = if req.parent.is_none() {
+                Admission::Run
+            } else {
+                Admission::Child
+            };
+            let debounced = self.debounced_run(&req.tenant, &plan).await?;
+            let args = flow_args(args, &plan, &id, Some(admission), &debounced)?;
+            let (status, mut rest) = self
+                .script_at(&scripts::ENQUEUE, &req.tenant, now, args)
+                .await?;
+            match status.as_str() {
+                "ok" => {}
+                "not_found" => return Err(not_found()),
+                "stale" => {
+                    fresh = true;
+                    continue;
+                }
+                "quota" => {
+                    let max = self.max_queued(&req.tenant).await;
+                    return Err(queue_quota_exceeded(&req.tenant, max));
+                }
+                "storage" => return Err(storage_refusal(&req.tenant, &id, &rest)),
+                other => return Err(corrupt(format!("enqueue answered {other}"))),
+            }
+            self.published(&req.tenant, &mut rest).await?;
+            let mut rest = rest.into_iter();
+            let created = int(rest.next().ok_or_else(|| corrupt("short enqueue reply"))?)? == 1;
+            let run = self.run_from(
+                rest.next().ok_or_else(|| corrupt("short enqueue reply"))?,
+                None,
+            )?;
+            return Ok(Enqueued { run, created });
+        }
+        Err(StoreError::Unavailable(format!(
+            "function {:?} kept being redeployed during the enqueue; try again",
+            req.function
+        )))
+    }
+
+    /// A function's settings: from the cache unless `fresh`, else read (and cached).
+    /// `None` when there is no such function.
+    pub(crate) async fn fn_settings(
+        &self,
+        tenant: &str,
+        function: &str,
+        fresh: bool,
+    ) -> Result<Option<Arc<FnSettings>>, StoreError> {
+        let key = format!("{}fn:{function}", self.tenant_prefix(tenant));
+        if !fresh && let Some(s) = self.settings_cache().get(&key) {
+            return Ok(Some(s.clone()));
+        }
+        let blob: Option<Vec<u8>> = self
+            .query(redis::cmd("HGET").arg(&key).arg("settings"))
+            .await?;
+        let Some(blob) = blob else {
+            self.settings_cache().remove(&key);
+            return Ok(None);
+        };
+        let settings: FunctionSettings = serde_json::from_slice(&blob)
+            .map_err(|e| corrupt(format!("settings of {function}: {e}")))?;
+        let s = Arc::new(FnSettings {
+            blob,
+            flow: settings.flow,
+        });
+        let mut cache = self.settings_cache();
+        if cache.len() >= SETTINGS_CACHE_MAX {
+            cache.clear();
+        }
+        cache.insert(key, s.clone());
+        Ok(Some(s))
+    }
+
+    pub(crate) fn settings_cache(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Arc<FnSettings>>> {
+        self.inner
+            .settings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The run a debounced plan's key points to now (`""`: none, or no debounce), which
+    /// the new run would replace if it has not started.
+    pub(crate) async fn debounced_run(
+        &self,
+        tenant: &str,
+        plan: &FlowPlan,
+    ) -> Result<String, StoreError> {
+        let Some(gate) = &plan.debounce else {
+            return Ok(String::new());
+        };
+        let key = format!("{}deb", self.tenant_prefix(tenant));
+        let id: Option<String> = self
+            .query(redis::cmd("HGET").arg(key).arg(&gate.id))
+            .await?;
+        Ok(id.unwrap_or_default())
+    }
+
+    /// The tenant's `max_queued`, for the message of a refused enqueue.
+    pub(crate) async fn max_queued(&self, tenant: &str) -> u64 {
+        let key = format!("{}quotas", self.tenant_prefix(tenant));
+        self.query::<Option<u64>>(redis::cmd("HGET").arg(key).arg("max_queued"))
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or(0)
+    }
+}
+
+/// Appends the FLOW_ARGS flow arguments of run `id` (see `read_flow` in the scripts).
+/// `admission`: the `max_queued` the script applies (`None`: the caller checked it for a
+/// batch, an event's subscribers). `debounced`: the run the debounce key pointed to when
+/// read (`""`: none); the script answers `stale` if it changed.
+pub(crate) fn flow_args(
+    args: Args,
+    plan: &FlowPlan,
+    id: &str,
+    admission: Option<Admission>,
+    debounced: &str,
+) -> Result<Args, StoreError> {
+    let gate = |g: &Option<Gate>| {
+        g.as_ref()
+            .map_or((String::new(), String::new(), String::new()), |g| {
+                (g.id.clone(), g.limit.to_string(), g.period_ms.to_string())
+            })
+    };
+    let (cgate, climit, _) = gate(&plan.concurrency);
+    let (tgate, tlimit, tperiod) = gate(&plan.throttle);
+    let (rgate, rlimit, rperiod) = gate(&plan.rate_limit);
+    let (dgate, _, dperiod) = gate(&plan.debounce);
+    let rate_limited = plan.rate_limited_error();
+    let (debounced, debounced_run) = (flow::debounced_error(id), debounced);
+    let args = args
+        .n(plan.priority)
+        .n(plan.rank_offset)
+        .s(cgate)
+        .s(climit)
+        .s(tgate)
+        .s(tlimit)
+        .s(tperiod)
+        .s(rgate)
+        .s(rlimit)
+        .s(rperiod)
+        .s(dgate)
+        .s(dperiod)
+        .b(if plan.keys.is_empty() {
+            Vec::new()
+        } else {
+            to_json(&plan.keys)?
+        })
+        .b(to_json(&rate_limited)?)
+        .b(lifecycle::skipped_resolution(id, &rate_limited).to_bytes())
+        .b(to_json(&debounced)?)
+        .s(debounced_run)
+        .b(if debounced_run.is_empty() {
+            Vec::new()
+        } else {
+            lifecycle::skipped_resolution(debounced_run, &debounced).to_bytes()
+        })
+        .n(admission.map_or(0, Admission::cap_factor));
+    Ok(args)
+}

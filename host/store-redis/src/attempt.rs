@@ -1,0 +1,227 @@
+//! What happens to a run by its attempt (record, finish) or by hand (cancel, retry): each
+//! one script call carrying core's transitions (see `transition.rs`).
+
+use super::*;
+
+impl RedisStore {
+    pub(crate) async fn record_attempt(
+        &self,
+        lease: &Lease,
+        record: Record,
+    ) -> Result<(), StoreError> {
+        let args = Args::new().s(&lease.run_id).n(lease.token);
+        let lines = |mut args: Args, lines: &[LogLine]| -> Result<Args, StoreError> {
+            for l in lines {
+                args = args.b(to_json(l)?);
+            }
+            Ok(args)
+        };
+        // The lines that mark a cut log, ready for the script to store if it cuts here.
+        let markers = |args: Args, lines: &[LogLine]| -> Result<Args, StoreError> {
+            let (attempt, at) = lines.first().map_or((0, 0), |l| (l.attempt, l.at));
+            cut_markers(args, attempt, at)
+        };
+        let args = match &record {
+            Record::Step {
+                name,
+                occurrence,
+                output,
+                logs,
+            } => lines(
+                markers(
+                    args.s("step")
+                        .s(decode::step_field(name, *occurrence))
+                        .b(output.clone()),
+                    logs,
+                )?,
+                logs,
+            )?,
+            Record::Logs(l) => lines(markers(args.s("logs"), l)?, l)?,
+            Record::Progress(p) => args.s("progress").b(to_json(p)?),
+        };
+        let (status, rest) = self.script(&scripts::RECORD, &lease.tenant, args).await?;
+        lease_status(&status, lease, &rest)
+    }
+
+    pub(crate) async fn finish_attempt(
+        &self,
+        lease: &Lease,
+        outcome: Outcome,
+    ) -> Result<Run, StoreError> {
+        let now = self.now();
+        // The script knows whether the run resumed and whether its cancel was requested:
+        // it picks the transition computed for its case.
+        let ending = |resumed, cancel_requested| lifecycle::Ending {
+            id: &lease.run_id,
+            cancel_requested,
+            resumed,
+        };
+        let fresh = lifecycle::finish(ending(false, false), &outcome, now);
+        let resumed = lifecycle::finish(ending(true, false), &outcome, now);
+        let cancelled = lifecycle::finish(ending(false, true), &outcome, now);
+        let args = Args::new().s(&lease.run_id).n(lease.token);
+        let args = transition::args(args, Some(&fresh))?;
+        let args = transition::args(args, (resumed != fresh).then_some(&resumed))?;
+        let args = transition::args(args, (cancelled != fresh).then_some(&cancelled))?;
+        let args = match &outcome {
+            Outcome::Waiting { wait, .. } => {
+                let (on, target) = match &wait.on {
+                    WaitOn::Event { name, .. } => ("event", name.clone()),
+                    WaitOn::Run { id } => ("run", id.clone()),
+                };
+                let missing = lifecycle::missing_run_resolution(&target).to_bytes();
+                args.b(to_json(wait)?)
+                    .s(decode::step_field(&wait.step, wait.occurrence))
+                    .opt_n(wait.until)
+                    .s(on)
+                    .s(target)
+                    .b(missing)
+            }
+            _ => args,
+        };
+        // A success's reply leaves out the output, which is this one.
+        let sent_output = fresh.output;
+        let (status, mut rest) = self
+            .script_at(&scripts::FINISH, &lease.tenant, now, args)
+            .await?;
+        lease_status(&status, lease, &rest)?;
+        self.published(&lease.tenant, &mut rest).await?;
+        self.run_from(rest.into_iter().next().unwrap_or(Value::Nil), sent_output)
+    }
+
+    pub(crate) async fn cancel_run(&self, req: RunAction) -> Result<Run, StoreError> {
+        for _ in 0..STALE_RETRIES {
+            let (status, attempt) = self.status_of(&req).await?;
+            let now = self.now();
+            let plan = lifecycle::cancel(&req.id, status, req.cancel_error(), now)?;
+            let args = Args::new()
+                .s(&req.id)
+                .s(status.as_str())
+                .s(if plan.is_some() { "end" } else { "mark" })
+                .b(to_json(&req.cancel_error())?);
+            let args = transition::args(args, plan.as_ref())?;
+            let args = action_lines(args, &req, attempt, now)?;
+            let (status, rest) = self
+                .script_at(&scripts::CANCEL, &req.tenant, now, args)
+                .await?;
+            if status != "stale" {
+                return self.ended_run(&req.tenant, &req.id, status, rest).await;
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "run {} kept changing during the cancel; try again",
+            req.id
+        )))
+    }
+
+    pub(crate) async fn retry_run(&self, req: RunAction) -> Result<Run, StoreError> {
+        for _ in 0..STALE_RETRIES {
+            let (status, attempt) = self.status_of(&req).await?;
+            let now = self.now();
+            let retry = lifecycle::retry(&req.id, status, attempt, now)?;
+            let args = Args::new()
+                .s(&req.id)
+                .s(status.as_str())
+                .n(attempt)
+                .n(retry.extra_attempts)
+                .n(Admission::Run.cap_factor());
+            let args = transition::args(args, Some(&retry.transition))?;
+            let args = action_lines(args, &req, attempt, now)?;
+            let (status, rest) = self
+                .script_at(&scripts::RETRY, &req.tenant, now, args)
+                .await?;
+            if status != "stale" {
+                return self.ended_run(&req.tenant, &req.id, status, rest).await;
+            }
+        }
+        Err(StoreError::Unavailable(format!(
+            "run {} kept changing during the retry; try again",
+            req.id
+        )))
+    }
+
+    /// The run a cancel or retry returned, or the error its script reported.
+    pub(crate) async fn ended_run(
+        &self,
+        tenant: &str,
+        id: &str,
+        status: String,
+        mut rest: Vec<Value>,
+    ) -> Result<Run, StoreError> {
+        match status.as_str() {
+            "ok" => {
+                self.published(tenant, &mut rest).await?;
+                self.run_from(rest.into_iter().next().unwrap_or(Value::Nil), None)
+            }
+            "not_found" => Err(StoreError::NotFound(format!("run {id:?}"))),
+            "quota" => {
+                let max = self.max_queued(tenant).await;
+                Err(queue_quota_exceeded(tenant, max))
+            }
+            other => Err(corrupt(format!("answered {other}"))),
+        }
+    }
+
+    /// The attempt number a cancel's or retry's log line carries.
+    /// The status and attempt of the run a cancel or retry names, for core to decide on
+    /// (the script checks they did not change); NotFound for no such run of the tenant.
+    pub(crate) async fn status_of(&self, req: &RunAction) -> Result<(RunStatus, u32), StoreError> {
+        let key = format!("{}run:{}", self.tenant_prefix(&req.tenant), req.id);
+        let (status, attempt): (Option<String>, Option<u32>) = self
+            .query(redis::cmd("HMGET").arg(key).arg("status").arg("attempt"))
+            .await?;
+        let status = status.ok_or_else(|| StoreError::NotFound(format!("run {:?}", req.id)))?;
+        let status = status.parse().map_err(corrupt)?;
+        Ok((status, attempt.unwrap_or(0)))
+    }
+}
+
+/// The two lines that mark a cut log (run budget, tenant quota), ready for a script's
+/// `append_logs` to store if it cuts there.
+pub(crate) fn cut_markers(args: Args, attempt: u32, at: i64) -> Result<Args, StoreError> {
+    let marker = |why| to_json(&wasq_core::storage::cut_marker(attempt, at, why));
+    Ok(args
+        .b(marker(wasq_core::storage::LogCut::Run)?)
+        .b(marker(wasq_core::storage::LogCut::Tenant)?))
+}
+
+/// The cut markers and the line of a cancel or retry, numbered with the run's attempt
+/// (the script checks it did not change).
+pub(crate) fn action_lines(
+    args: Args,
+    req: &RunAction,
+    attempt: u32,
+    now: i64,
+) -> Result<Args, StoreError> {
+    Ok(cut_markers(args, attempt, now)?.b(to_json(&req.log_line(attempt, now))?))
+}
+
+/// Maps the status word of a script that checked a lease (and maybe a storage quota:
+/// `rest` holds the refusal then).
+pub(crate) fn lease_status(status: &str, lease: &Lease, rest: &[Value]) -> Result<(), StoreError> {
+    match status {
+        "ok" => Ok(()),
+        "lease_lost" => Err(StoreError::LeaseLost(lease.run_id.clone())),
+        "not_found" => Err(StoreError::NotFound(format!("run {}", lease.run_id))),
+        "storage" => Err(storage_refusal(&lease.tenant, &lease.run_id, rest)),
+        other => Err(corrupt(format!("answered {other}"))),
+    }
+}
+
+/// A script's `storage` refusal (`kind`, bytes used, bytes asked, quota) as the error core
+/// words for it.
+pub(crate) fn storage_refusal(tenant: &str, run: &str, rest: &[Value]) -> StoreError {
+    let n = |i: usize| {
+        rest.get(i)
+            .cloned()
+            .map(int)
+            .and_then(Result::ok)
+            .unwrap_or(0)
+            .max(0) as u64
+    };
+    let (used, adding, max) = (n(1), n(2), n(3));
+    match rest.first().cloned().map(string) {
+        Some(Ok(kind)) if kind == "run" => wasq_core::storage::run_full(run, used, adding, max),
+        _ => wasq_core::storage::tenant_full(tenant, used, adding, max),
+    }
+}

@@ -1,0 +1,278 @@
+//! Claims: the due tenants take turns (the limit split among them), each visited by one
+//! claim script; expired leases take a second call with core's transitions; lease renewals.
+
+use super::*;
+
+/// Due tenants one claim considers at most.
+const DUE_TENANTS_MAX: usize = 10_000;
+/// Rounds of per-tenant claim calls one claim makes at most.
+const CLAIM_ROUNDS_MAX: usize = 32;
+/// Cluster: how often a claim republishes every tenant's next due time, repairing hints
+/// lost when a process died between a transition and its hint update.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+impl RedisStore {
+    pub(crate) async fn wait_for_due(&self, max: Duration) -> Result<(), StoreError> {
+        let now = self.now();
+        let head: Vec<(String, f64)> = self
+            .query(
+                redis::cmd("ZRANGE")
+                    .arg(self.g("due"))
+                    .arg(0)
+                    .arg(0)
+                    .arg("WITHSCORES"),
+            )
+            .await?;
+        let mut wait = max;
+        if let Some((_, score)) = head.first() {
+            let at = *score as i64;
+            if at <= now {
+                return Ok(());
+            }
+            wait = wait.min(Duration::from_millis((at - now) as u64));
+        }
+        // Our own timer ends the wait at the due time; the listener's BLPOP ends it when a
+        // wake-up token arrives.
+        let notified = self.inner.wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let waiter = self.inner.wake.register(&self.inner.conn);
+        tokio::select! {
+            _ = notified => waiter.failure().map_or(Ok(()), Err),
+            _ = tokio::time::sleep(wait) => Ok(()),
+        }
+    }
+
+    pub(crate) async fn claim_runs(&self, req: ClaimRequest) -> Result<Vec<Claimed>, StoreError> {
+        if req.limit == 0 {
+            return Ok(Vec::new());
+        }
+        self.sweep_if_due(&req).await?;
+        let now = self.now();
+        let mut due: Vec<String> = self
+            .query(
+                redis::cmd("ZRANGEBYSCORE")
+                    .arg(self.g("due"))
+                    .arg("-inf")
+                    .arg(now)
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(DUE_TENANTS_MAX),
+            )
+            .await?;
+        if due.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Fairness: every claim starts with the next tenant in name order, and the limit
+        // is split evenly among the tenants visited in a round.
+        due.sort();
+        let start = self.inner.cursor.fetch_add(1, Ordering::Relaxed) % due.len();
+        due.rotate_left(start);
+        let mut candidates: VecDeque<String> = due.into();
+        let mut remaining = req.limit;
+        let mut claimed = Vec::new();
+        let mut first_error = None;
+        for _ in 0..CLAIM_ROUNDS_MAX {
+            if remaining == 0 || candidates.is_empty() {
+                break;
+            }
+            let k = candidates.len().min(remaining);
+            let batch: Vec<(String, usize)> = candidates
+                .drain(..k)
+                .enumerate()
+                .map(|(i, t)| (t, remaining / k + usize::from(i < remaining % k)))
+                .collect();
+            let visits = batch
+                .iter()
+                .map(|(t, quota)| self.claim_tenant(t, *quota, &req, false));
+            let results = futures_util::future::join_all(visits).await;
+            for ((tenant, quota), result) in batch.into_iter().zip(results) {
+                match result {
+                    Ok(got) => {
+                        // A tenant that filled its quota may have more: it goes again,
+                        // after the tenants not visited yet.
+                        if got.len() == quota {
+                            candidates.push_back(tenant);
+                        }
+                        remaining -= got.len();
+                        claimed.extend(got);
+                    }
+                    Err(e) => {
+                        tracing::warn!(tenant, error = %e, "claim failed for a tenant");
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        match first_error {
+            Some(e) if claimed.is_empty() => Err(e),
+            _ => Ok(claimed),
+        }
+    }
+
+    pub(crate) async fn renew_leases(
+        &self,
+        leases: &[Lease],
+        lease_ms: u64,
+    ) -> Result<Renewal, StoreError> {
+        let mut by_tenant: BTreeMap<&str, Vec<&Lease>> = BTreeMap::new();
+        for l in leases {
+            by_tenant.entry(l.tenant.as_str()).or_default().push(l);
+        }
+        let ids = |v: Option<Value>| -> Result<Vec<String>, StoreError> {
+            array(v.unwrap_or(Value::Nil))?
+                .into_iter()
+                .map(string)
+                .collect()
+        };
+        let calls = by_tenant.iter().map(|(tenant, leases)| async move {
+            let mut args = Args::new().n(lease_ms);
+            for l in leases {
+                args = args.s(&l.run_id).n(l.token);
+            }
+            let (status, mut rest) = self.script(&scripts::RENEW, tenant, args).await?;
+            if status != "ok" {
+                return Err(corrupt(format!("renew answered {status}")));
+            }
+            self.published(tenant, &mut rest).await?;
+            let mut rest = rest.into_iter();
+            Ok((ids(rest.next())?, ids(rest.next())?))
+        });
+        let (mut lost, mut cancelling) = (HashSet::new(), HashSet::new());
+        for r in futures_util::future::join_all(calls).await {
+            let (l, c) = r?;
+            lost.extend(l);
+            cancelling.extend(c);
+        }
+        let pick = |set: &HashSet<String>| {
+            leases
+                .iter()
+                .filter(|l| set.contains(&l.run_id))
+                .map(|l| l.run_id.clone())
+                .collect()
+        };
+        Ok(Renewal {
+            lost: pick(&lost),
+            cancelling: pick(&cancelling),
+        })
+    }
+
+    pub(crate) async fn claim_tenant(
+        &self,
+        tenant: &str,
+        limit: usize,
+        req: &ClaimRequest,
+        force: bool,
+    ) -> Result<Vec<Claimed>, StoreError> {
+        // Expired leases: the first call answers which runs need a transition, the second
+        // brings what core decided for each.
+        let mut reaps: Option<Vec<(String, String, lifecycle::Transition)>> = None;
+        let mut rest = loop {
+            let mut args = Args::new()
+                .n(limit)
+                .n(req.lease_ms)
+                .s(&req.worker)
+                .b(to_json(&req.worker)?)
+                .s(if force { "1" } else { "0" });
+            let now = self.now();
+            match &reaps {
+                None => args = args.s(""),
+                Some(list) => {
+                    args = args.n(list.len());
+                    for (id, token, t) in list {
+                        args = transition::args(args.s(id).s(token), Some(t))?;
+                    }
+                }
+            }
+            let (status, rest) = self.script_at(&scripts::CLAIM, tenant, now, args).await?;
+            match status.as_str() {
+                "ok" => break rest,
+                "reap" if reaps.is_none() => {
+                    let entries = array(rest.into_iter().next().unwrap_or(Value::Nil))?;
+                    reaps = Some(
+                        entries
+                            .into_iter()
+                            .map(|e| expired_transition(e, now))
+                            .collect::<Result<_, _>>()?,
+                    );
+                }
+                other => return Err(corrupt(format!("claim answered {other}"))),
+            }
+        };
+        self.published(tenant, &mut rest).await?;
+        let items = array(rest.into_iter().next().unwrap_or(Value::Nil))?;
+        items
+            .into_iter()
+            .map(|item| {
+                let mut parts = array(item)?.into_iter();
+                let mut next = || parts.next().ok_or_else(|| corrupt("short claim entry"));
+                let (run, lease) = decode::RunFields::new(next()?)?
+                    .ok_or_else(|| corrupt("claimed a missing run"))?
+                    .claimed(&self.inner.parsed)?;
+                let steps = decode::replay_steps(next()?, next()?)?;
+                Ok(Claimed { run, lease, steps })
+            })
+            .collect()
+    }
+
+    /// Cluster: republishes every tenant's next due time (and reaps what is due), when a
+    /// sweep is due. Hints go stale only if a process died between a transition and its
+    /// hint update, or the update failed.
+    pub(crate) async fn sweep_if_due(&self, req: &ClaimRequest) -> Result<(), StoreError> {
+        if !self.inner.cluster {
+            return Ok(());
+        }
+        {
+            let mut last = self
+                .inner
+                .last_sweep
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let needed = self.inner.sweep_needed.swap(false, Ordering::Relaxed);
+            if !needed && last.is_some_and(|t| t.elapsed() < SWEEP_EVERY) {
+                return Ok(());
+            }
+            *last = Some(Instant::now());
+        }
+        let tenants: Vec<String> = self
+            .query(redis::cmd("SMEMBERS").arg(self.g("tenants")))
+            .await?;
+        for chunk in tenants.chunks(64) {
+            let visits = chunk.iter().map(|t| self.claim_tenant(t, 0, req, true));
+            for r in futures_util::future::join_all(visits).await {
+                r?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What core decides for a run whose lease expired, from a claim's `reap` entry (id,
+/// lease token, worker, attempt, max_attempts, cancel_requested): (id, token, transition).
+pub(crate) fn expired_transition(
+    entry: Value,
+    now: i64,
+) -> Result<(String, String, lifecycle::Transition), StoreError> {
+    let mut parts = array(entry)?.into_iter();
+    let mut next = || -> Result<String, StoreError> {
+        string(parts.next().ok_or_else(|| corrupt("short reap entry"))?)
+    };
+    let (id, token, worker) = (next()?, next()?, next()?);
+    let number = |s: String| {
+        s.parse::<u32>()
+            .map_err(|e| corrupt(format!("reap entry: {e}")))
+    };
+    let (attempt, max_attempts) = (number(next()?)?, number(next()?)?);
+    let cancel_requested = next()? == "1";
+    let t = lifecycle::lease_expired(
+        lifecycle::Expired {
+            id: &id,
+            attempt,
+            max_attempts,
+            worker: (!worker.is_empty()).then_some(worker.as_str()),
+            cancel_requested,
+        },
+        now,
+    );
+    Ok((id, token, t))
+}

@@ -1,0 +1,239 @@
+//! Reads (a run with its history, steps, logs, listings, id prefixes) and the purge of
+//! ended runs.
+
+use super::*;
+
+/// Runs fetched per page when listing.
+const LIST_PAGE: usize = 200;
+
+impl RedisStore {
+    pub(crate) async fn ids_with_prefix(
+        &self,
+        tenant: &str,
+        prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<RunId>, StoreError> {
+        // An id starts with its run's creation time (wasq_core::ids) and `all` holds every
+        // run by creation time, so the prefix's time window holds exactly the runs whose
+        // ids share its time digits. Each of them matches a prefix of up to 12 digits, so
+        // the first page answers; a longer prefix names one millisecond, whose runs are
+        // read a page at a time until `limit` match or none is left.
+        const PAGE: usize = 1_000;
+        let (lo, hi) = wasq_core::ids::prefix_window(prefix);
+        let key = format!("{}all", self.tenant_prefix(tenant));
+        let mut found = Vec::new();
+        for offset in (0..).step_by(PAGE) {
+            let ids: Vec<String> = self
+                .query(
+                    redis::cmd("ZRANGEBYSCORE")
+                        .arg(&key)
+                        .arg(lo)
+                        .arg(hi)
+                        .arg("LIMIT")
+                        .arg(offset)
+                        .arg(PAGE),
+                )
+                .await?;
+            let last_page = ids.len() < PAGE;
+            found.extend(ids.into_iter().filter(|id| id.starts_with(prefix)));
+            if last_page || found.len() >= limit {
+                break;
+            }
+        }
+        found.sort();
+        found.truncate(limit);
+        Ok(found)
+    }
+
+    pub(crate) async fn run_detail(
+        &self,
+        tenant: &str,
+        id: &str,
+    ) -> Result<Option<RunDetail>, StoreError> {
+        let args = Args::new()
+            .s(id)
+            .n(wasq_core::storage::DETAIL_STEPS)
+            .n(wasq_core::storage::DETAIL_ATTEMPTS);
+        let (status, rest) = self.script(&scripts::GET, tenant, args).await?;
+        if status == "not_found" {
+            return Ok(None);
+        }
+        let mut rest = rest.into_iter();
+        let mut next = || rest.next().ok_or_else(|| corrupt("short run reply"));
+        let run = decode::RunFields::new(next()?)?
+            .ok_or_else(|| corrupt("run reply for a missing run"))?
+            .run(&self.inner.parsed, None)?;
+        let attempts_total = int(next()?)?.max(0) as u64;
+        let attempts = array(next()?)?
+            .into_iter()
+            .map(|v| decode::attempt(&decode::bytes(v)?))
+            .collect::<Result<Vec<_>, _>>()?;
+        let steps_total = int(next()?)?.max(0) as u64;
+        let steps = decode::step_infos(next()?, next()?)?;
+        Ok(Some(RunDetail {
+            run,
+            attempts,
+            attempts_total,
+            steps,
+            steps_total,
+        }))
+    }
+
+    pub(crate) async fn step_page(
+        &self,
+        tenant: &str,
+        id: &str,
+        skip: usize,
+        limit: usize,
+    ) -> Result<Vec<StepInfo>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let args = Args::new().s(id).n(skip).n(limit.min(i64::MAX as usize));
+        let (status, rest) = self.script(&scripts::STEPS, tenant, args).await?;
+        if status == "not_found" {
+            return Err(StoreError::NotFound(format!("run {id:?}")));
+        }
+        let mut rest = rest.into_iter();
+        let mut next = || rest.next().ok_or_else(|| corrupt("short steps reply"));
+        decode::step_infos(next()?, next()?)
+    }
+
+    pub(crate) async fn step_record(
+        &self,
+        tenant: &str,
+        id: &str,
+        name: &str,
+        occurrence: u32,
+    ) -> Result<Option<StepRecord>, StoreError> {
+        let args = Args::new().s(id).s(decode::step_field(name, occurrence));
+        let (status, rest) = self.script(&scripts::STEP, tenant, args).await?;
+        if status == "not_found" {
+            return Ok(None);
+        }
+        let mut rest = rest.into_iter();
+        let mut next = || rest.next().ok_or_else(|| corrupt("short step reply"));
+        decode::step_record(next()?, next()?).map(Some)
+    }
+
+    pub(crate) async fn list_runs(&self, q: RunQuery) -> Result<Vec<Run>, StoreError> {
+        if q.limit == 0 {
+            return Ok(Vec::new());
+        }
+        // Read the smallest index that covers the query; filter the rest here.
+        let mut indexes = vec!["all".to_owned()];
+        if let Some(p) = &q.parent {
+            indexes.push(format!("kids:{p}"));
+        }
+        if let Some(f) = &q.function {
+            indexes.push(format!("byfn:{f}"));
+        }
+        if let Some(s) = q.status {
+            indexes.push(format!("st:{s}"));
+        }
+        // With at most one filter the index alone answers the query: fetch no more runs
+        // than asked for (a poll for "any queued run?" reads one run, not a page).
+        let page = if indexes.len() <= 2 {
+            q.limit.min(LIST_PAGE)
+        } else {
+            LIST_PAGE
+        };
+        let prefix = self.tenant_prefix(&q.tenant);
+        let index = if indexes.len() == 1 {
+            indexes.remove(0)
+        } else {
+            let mut pipe = redis::pipe();
+            for i in &indexes[1..] {
+                pipe.cmd("ZCARD").arg(format!("{prefix}{i}"));
+            }
+            let mut c = self.inner.conn.clone();
+            let sizes: Vec<u64> = self.timed(pipe.query_async(&mut c)).await?;
+            let smallest = (0..sizes.len()).min_by_key(|&i| sizes[i]).unwrap_or(0);
+            indexes.swap_remove(smallest + 1)
+        };
+        let mut out = Vec::new();
+        let mut start = 0usize;
+        loop {
+            let args = Args::new().s(&index).n(start).n(start + page - 1);
+            let (_, rest) = self.script(&scripts::LIST, &q.tenant, args).await?;
+            let mut rest = rest.into_iter();
+            let scanned = int(rest.next().ok_or_else(|| corrupt("short list reply"))?)? as usize;
+            for v in array(rest.next().unwrap_or(Value::Nil))? {
+                let run = self.run_from(v, None)?;
+                let keep = q.function.as_ref().is_none_or(|f| *f == run.function)
+                    && q.status.is_none_or(|s| s == run.status)
+                    && q.parent
+                        .as_ref()
+                        .is_none_or(|p| Some(p) == run.parent.as_ref());
+                if keep {
+                    out.push(run);
+                    if out.len() == q.limit {
+                        return Ok(out);
+                    }
+                }
+            }
+            if scanned < page {
+                return Ok(out);
+            }
+            start += page;
+        }
+    }
+
+    pub(crate) async fn log_page(
+        &self,
+        tenant: &str,
+        id: &str,
+        skip: usize,
+        limit: usize,
+    ) -> Result<Vec<LogLine>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let key = format!("{}logs:{id}", self.tenant_prefix(tenant));
+        let last = skip
+            .checked_add(limit - 1)
+            .and_then(|l| i64::try_from(l).ok())
+            .unwrap_or(-1);
+        let lines: Vec<Vec<u8>> = self
+            .query(redis::cmd("LRANGE").arg(key).arg(skip).arg(last))
+            .await?;
+        lines
+            .iter()
+            .map(|l| serde_json::from_slice(l).map_err(|e| corrupt(format!("log line: {e}"))))
+            .collect()
+    }
+
+    pub(crate) async fn purge_ended(&self, req: PurgeRequest) -> Result<usize, StoreError> {
+        let mut purged = 0;
+        for tenant in self.tenants().await? {
+            if purged >= req.limit {
+                break;
+            }
+            let args = Args::new()
+                .n(req.succeeded_before)
+                .n(req.failed_before)
+                .n(req.limit - purged);
+            let (_, rest) = self.script(&scripts::PURGE, &tenant, args).await?;
+            purged += int(rest.into_iter().next().unwrap_or(Value::Int(0)))? as usize;
+        }
+        let due = {
+            let mut last = self
+                .inner
+                .last_collect
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let due = last.is_none_or(|t| t.elapsed() >= COLLECT_EVERY);
+            if due {
+                *last = Some(Instant::now());
+            }
+            due
+        };
+        if due {
+            let n = self.collect_components(COLLECT_MIN_IDLE).await?;
+            if n > 0 {
+                tracing::info!(components = n, "deleted components no function or run uses");
+            }
+        }
+        Ok(purged)
+    }
+}
