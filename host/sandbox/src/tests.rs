@@ -1,3 +1,6 @@
+//! Unit tests of the sandbox: real components under every limit. One file of scenarios
+//! (over 600 lines: each test reads on its own, sharing only the builders at the top).
+
 use std::path::{Path, PathBuf};
 
 use super::*;

@@ -1,3 +1,6 @@
+//! Unit tests of the egress guard: every rule attacked, with a loopback server standing
+//! in for the internet (over 600 lines: one scenario per rule, each reading on its own).
+
 use std::sync::Mutex;
 
 use http_body_util::{BodyExt, Empty};
