@@ -1,0 +1,138 @@
+//! Schedules: the cron list with next fire times, and pause / resume / run now.
+
+use super::*;
+
+/// A function's schedule as `wasq cron list` shows it.
+#[derive(Debug, Serialize)]
+pub(crate) struct ScheduleView {
+    pub(crate) function: String,
+    pub(crate) cron: String,
+    pub(crate) tz: String,
+    pub(crate) missed: Missed,
+    pub(crate) paused: bool,
+    /// The next five ticks, Unix ms.
+    pub(crate) next: Vec<i64>,
+}
+
+/// Tick searches one `GET /v1/schedules` may spend; past it, the remaining schedules are
+/// listed without their next ticks.
+pub(crate) const LIST_SCHEDULES_BUDGET: std::time::Duration = std::time::Duration::from_millis(500);
+
+pub(crate) async fn list_schedules(
+    State(app): State<Arc<App>>,
+    scope: TenantScope,
+) -> Result<Json<Vec<ScheduleView>>, ApiError> {
+    let functions = app.store.functions(&scope.tenant).await?;
+    // Searching ticks is CPU work: on a blocking thread, within a budget.
+    let views = tokio::task::spawn_blocking(move || {
+        let now = SystemClock.now_ms();
+        let deadline = std::time::Instant::now() + LIST_SCHEDULES_BUDGET;
+        let mut out = vec![];
+        for f in functions {
+            let Some(s) = &f.schedule else { continue };
+            for entry in crate::cron::entries(s).0 {
+                let next = if s.paused || std::time::Instant::now() >= deadline {
+                    vec![]
+                } else {
+                    entry.upcoming(now, 5)
+                };
+                out.push(ScheduleView {
+                    function: f.name.clone(),
+                    next,
+                    cron: entry.expr,
+                    tz: s.tz.clone(),
+                    missed: s.missed,
+                    paused: s.paused,
+                });
+            }
+        }
+        out
+    })
+    .await
+    .map_err(|e| StoreError::Internal(format!("listing schedules failed: {e}")))?;
+    Ok(Json(views))
+}
+
+/// `pause`, `resume` or `run-now` (one run, now, outside the schedule). The action is
+/// checked before anything is read or written, and audited once it has succeeded.
+pub(crate) async fn schedule_action(
+    State(app): State<Arc<App>>,
+    scope: TenantScope,
+    Path((name, action)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let action = match action.as_str() {
+        "pause" => "schedule.pause",
+        "resume" => "schedule.resume",
+        "run-now" => "schedule.run-now",
+        // Not echoed: the path segment is the caller's, of any length and content.
+        _ => {
+            return Err(ApiError::not_found(
+                "no such schedule action: use pause, resume or run-now",
+            ));
+        }
+    };
+    let f = function_or_404(&app, &scope.tenant, &name).await?;
+    let Some(mut schedule) = f.schedule.clone() else {
+        return Err(ApiError {
+            status: StatusCode::CONFLICT,
+            code: "conflict",
+            message: format!("function {name:?} has no schedule"),
+            retry_after_ms: None,
+        });
+    };
+    let response = if action == "schedule.run-now" {
+        app.guard.admit()?;
+        let run = app
+            .store
+            .enqueue(EnqueueRequest {
+                tenant: f.tenant,
+                function: f.name,
+                input: serde_json::json!({ "cron": "run-now" })
+                    .to_string()
+                    .into_bytes(),
+                trigger: "cron:run-now".into(),
+                due_at: None,
+                idempotency_key: None,
+                retry: None,
+                parent: None,
+                priority: None,
+            })
+            .await?
+            .run;
+        app.wake.notify_one();
+        (StatusCode::CREATED, Json(run)).into_response()
+    } else {
+        let pause = action == "schedule.pause";
+        if schedule.paused == pause {
+            // Already so: resuming an active schedule must not move `resumed_at`, which
+            // would drop the ticks of the last second.
+            Json(f).into_response()
+        } else {
+            schedule.paused = pause;
+            if !pause {
+                // The ticks up to now were missed: the scheduler applies the policy.
+                schedule.resumed_at = Some(SystemClock.now_ms());
+            }
+            // Redeploys the same component with the schedule changed: one transition.
+            let component =
+                app.store.component(&f.digest).await?.ok_or_else(|| {
+                    ApiError::not_found(format!("component {} not found", f.digest))
+                })?;
+            let f = app
+                .store
+                .deploy(DeployRequest {
+                    tenant: f.tenant,
+                    name: f.name,
+                    digest: f.digest,
+                    component,
+                    settings: f.settings,
+                    events: f.events,
+                    schedule: Some(schedule),
+                })
+                .await?;
+            Json(f).into_response()
+        }
+    };
+    crate::admin::audit(&app, &scope.tenant, &scope.caller, action, name).await;
+    Ok(response)
+}

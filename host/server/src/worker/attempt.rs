@@ -1,0 +1,273 @@
+//! One attempt end to end: load the component, run it in the sandbox with its journal,
+//! turn the result into an `Outcome` (a failure's retry delay from the run's policy) and
+//! finish it while the lease holds, retrying store outages.
+
+use super::*;
+
+/// Retries a store call while the store says a retry can help.
+pub(crate) async fn with_retries<T, F, Fut>(mut f: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    let mut delay = Duration::from_millis(50);
+    for _ in 0..6 {
+        match f().await {
+            Err(e) if e.is_retryable() => {
+                tracing::warn!(error = %e, "store call failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+            }
+            other => return other,
+        }
+    }
+    f().await
+}
+
+/// Records the end of an attempt, retrying through a store outage for as long as the lease
+/// could still be ours: a Redis restart shorter than the lease then costs no re-execution.
+pub(crate) async fn finish_while_leased(
+    app: &App,
+    lease: &Lease,
+    outcome: &Outcome,
+) -> Result<wasq_core::Run, StoreError> {
+    // Renewals kept the lease alive until about now; one lease length later it has surely
+    // expired and another worker may hold the run, so retrying longer is pointless (the
+    // store's fence rejects a stale finish either way).
+    let until = SystemClock.now_ms() + app.config.lease.as_millis() as i64;
+    let mut delay = Duration::from_millis(50);
+    loop {
+        match app.store.finish(lease, outcome.clone()).await {
+            Err(e) if e.is_retryable() && SystemClock.now_ms() < until => {
+                tracing::warn!(error = %e, "recording the end of the attempt failed; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+            other => return other,
+        }
+    }
+}
+
+pub(crate) fn host_line(attempt: u32, level: LogLevel, message: String) -> LogLine {
+    LogLine {
+        attempt,
+        at: SystemClock.now_ms(),
+        level,
+        source: LogSource::Host,
+        message,
+    }
+}
+
+pub(crate) async fn attempt(
+    app: &Arc<App>,
+    claimed: Claimed,
+    held: Arc<Held>,
+    hard_stop: &CancellationToken,
+) {
+    let Claimed { run, lease, steps } = claimed;
+    let cancel = held.cancel.clone();
+    let journal = Arc::new(StoreJournal {
+        app: app.clone(),
+        tenant: run.tenant.clone(),
+        held: held.clone(),
+        storage_refused: Default::default(),
+        pending: Default::default(),
+        writing: Default::default(),
+        flush: Default::default(),
+        closed: Default::default(),
+    });
+    let flusher = tokio::spawn(flush_records(journal.clone()));
+
+    let result = match ensure_loaded(app, &run.digest).await {
+        Ok(()) => {
+            let spec = AttemptSpec {
+                digest: run.digest.clone(),
+                info: RunInfo {
+                    run_id: run.id.clone(),
+                    function: run.function.clone(),
+                    tenant: run.tenant.clone(),
+                    attempt: run.attempt,
+                    max_attempts: run.settings.retry.max_attempts,
+                    trigger: run.trigger.clone(),
+                },
+                input: run.input.clone(),
+                limits: run.settings.limits,
+                steps,
+                journal: journal.clone(),
+                cancel: cancel.clone(),
+                allow_hosts: run.settings.allow_hosts.clone(),
+                max_outbound_requests: Some(
+                    app.quotas
+                        .get(app, &run.tenant)
+                        .await
+                        .max_outbound_requests_per_run,
+                ),
+            };
+            app.sandbox.run(spec).await
+        }
+        Err(error) => wasq_sandbox::AttemptResult {
+            outcome: AttemptOutcome::Failed(AttemptError {
+                error,
+                retry_after_ms: None,
+            }),
+            fuel_used: 0,
+            peak_memory_bytes: 0,
+            duration: Duration::ZERO,
+        },
+    };
+
+    let abandoned = match &result.outcome {
+        AttemptOutcome::Abandoned(why) => Some(why.clone()),
+        _ if held.is_lost() => Some(LEASE_LOST.to_owned()),
+        _ => None,
+    };
+    if let Some(why) = abandoned {
+        // Nothing of it is recorded: not its end (another attempt owns the run, or the
+        // store takes it back when the lease expires), nor its last log lines.
+        held.lose();
+        tracing::warn!("attempt abandoned: {why}");
+        app.metrics
+            .attempt(&run.tenant, "abandoned", result.duration);
+        journal.close();
+        let _ = flusher.await;
+        return;
+    }
+    let outcome = match result.outcome {
+        // Returned above.
+        AttemptOutcome::Abandoned(_) => return,
+        AttemptOutcome::Output(output) => {
+            tracing::info!(duration = ?result.duration, fuel = result.fuel_used, "attempt succeeded");
+            Outcome::Succeeded {
+                output,
+                fuel_used: Some(result.fuel_used),
+            }
+        }
+        AttemptOutcome::Suspended { until } => {
+            tracing::info!(until, "run sleeps");
+            Outcome::Suspended {
+                until,
+                fuel_used: Some(result.fuel_used),
+            }
+        }
+        AttemptOutcome::Waiting(wait) => {
+            tracing::info!(step = %wait.step, "run waits");
+            Outcome::Waiting {
+                wait,
+                fuel_used: Some(result.fuel_used),
+            }
+        }
+        // Interrupted by shutdown, not by the guest: hand the run back untouched.
+        AttemptOutcome::Failed(_) if hard_stop.is_cancelled() => Outcome::Released,
+        AttemptOutcome::Failed(AttemptError {
+            error,
+            retry_after_ms,
+        }) => {
+            let delay = run.settings.retry.retry_delay(
+                run.attempt,
+                error.reason,
+                retry_after_ms,
+                fastrand::f64(),
+            );
+            let what = match delay {
+                Some(d) => format!("; retrying in {d} ms (attempt {})", run.attempt + 1),
+                None if error.reason == ErrorReason::Fatal => "; fatal, not retried".into(),
+                None => "; no retries left".into(),
+            };
+            tracing::info!(error = %error, "attempt failed{what}");
+            journal.log(host_line(
+                run.attempt,
+                LogLevel::Error,
+                format!("attempt {} failed: {error}{what}", run.attempt),
+            ));
+            Outcome::Failed {
+                error,
+                retry_in_ms: delay,
+                fuel_used: Some(result.fuel_used),
+            }
+        }
+    };
+    // A storage quota refused a step, an event or a child run: the run cannot go on,
+    // and retrying would only hit the quota again.
+    let storage_refused = journal.storage_refused.lock().unwrap().take();
+    let outcome = match storage_refused {
+        Some(why) if !matches!(outcome, Outcome::Released) => {
+            storage_quota_failure(&journal, &run, why, result.fuel_used)
+        }
+        _ => outcome,
+    };
+    let label = match &outcome {
+        Outcome::Succeeded { .. } => "succeeded",
+        Outcome::Failed {
+            retry_in_ms: Some(_),
+            ..
+        } => "retrying",
+        Outcome::Failed { .. } => "failed",
+        Outcome::Suspended { .. } => "sleeping",
+        Outcome::Waiting { .. } => "waiting",
+        Outcome::Released => "released",
+    };
+    app.metrics.attempt(&run.tenant, label, result.duration);
+    journal.close();
+    let _ = flusher.await;
+    held.ending.store(true, Ordering::SeqCst);
+    let mut ended = finish_while_leased(app, &lease, &outcome).await;
+    if let Err(StoreError::StorageQuota(why)) = &ended {
+        // The output did not fit: the run fails instead (an error is always stored).
+        let failed = storage_quota_failure(&journal, &run, why.clone(), result.fuel_used);
+        journal.flush_pending().await;
+        ended = finish_while_leased(app, &lease, &failed).await;
+    }
+    match ended {
+        Ok(run) => {
+            tracing::debug!(status = %run.status, "attempt recorded");
+            // Its end may have resumed a run waiting for it, or it may be due again now.
+            app.wake.notify_one();
+            if run.status.is_terminal() {
+                let _ = app.finished.send(run.id);
+            }
+        }
+        Err(StoreError::LeaseLost(_)) => {
+            tracing::warn!("lease lost before the attempt ended; its result is discarded")
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "could not record the end of the attempt; the lease will expire and the run will be retried")
+        }
+    }
+}
+
+/// The end of an attempt that hit a storage quota: failed for good, with the reason
+/// logged.
+pub(crate) fn storage_quota_failure(
+    journal: &StoreJournal,
+    run: &wasq_core::Run,
+    why: String,
+    fuel_used: u64,
+) -> Outcome {
+    let error = RunError::new(ErrorReason::StorageQuota, why);
+    tracing::warn!(error = %error, "attempt failed on a storage quota; not retried");
+    journal.log(host_line(
+        run.attempt,
+        LogLevel::Error,
+        format!("attempt {} failed: {error}; not retried", run.attempt),
+    ));
+    Outcome::Failed {
+        error,
+        retry_in_ms: None,
+        fuel_used: Some(fuel_used),
+    }
+}
+
+pub(crate) async fn ensure_loaded(app: &App, digest: &str) -> Result<(), RunError> {
+    if app.sandbox.is_loaded(digest) {
+        return Ok(());
+    }
+    let host = |m: String| RunError::new(ErrorReason::Host, m);
+    let bytes = with_retries(|| app.store.component(digest))
+        .await
+        .map_err(|e| host(format!("cannot read component {digest}: {e}")))?
+        .ok_or_else(|| host(format!("component {digest} is missing from the store")))?;
+    app.sandbox
+        .load(digest, &bytes)
+        .await
+        .map_err(|e| host(format!("cannot load component {digest}: {e}")))
+}
