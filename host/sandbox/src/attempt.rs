@@ -76,6 +76,7 @@ pub(crate) async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant
             egress
         },
         allow_loopback_egress: inner.config.allow_loopback_egress,
+        clock: inner.config.clock.clone(),
     });
     let logs = state.logs.clone();
     let ownership = state.ownership.clone();

@@ -15,8 +15,8 @@ use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 use wasq_core::{
-    Clock, LogLevel, LogLine, LogSource, Progress, ReplayStep, Resolution, SystemClock, Wait,
-    WaitOn, check_event_filter, names,
+    Clock, LogLevel, LogLine, LogSource, Progress, ReplayStep, Resolution, Wait, WaitOn,
+    check_event_filter, names,
     text::{escape_controls, truncate_utf8},
 };
 
@@ -54,6 +54,8 @@ pub(crate) use logs::*;
 
 /// Everything one attempt's `Store` owns. Built fresh for every attempt and dropped with it.
 pub(crate) struct State {
+    /// What the guest's sleeps and waits read as now.
+    clock: Arc<dyn Clock>,
     wasi: WasiCtx,
     http: WasiHttpCtx,
     /// wasi-http's hooks: every outbound request goes through it.
@@ -99,6 +101,7 @@ pub(crate) struct StateParams {
     pub allow_hosts: Vec<String>,
     pub egress: EgressConfig,
     pub allow_loopback_egress: bool,
+    pub clock: Arc<dyn Clock>,
 }
 
 impl State {
@@ -108,6 +111,7 @@ impl State {
             p.info.attempt,
             p.log_bytes,
             p.log_lines,
+            p.clock.clone(),
         ));
         // The builder starts with nothing: no preopens, env, args or inherited stdio, and a
         // socket address check that refuses everything. Only stdout/stderr are wired, and
@@ -139,6 +143,7 @@ impl State {
             ownership: ownership.clone(),
         });
         State {
+            clock: p.clock,
             wasi: wasi.build(),
             http: WasiHttpCtx::new(),
             egress,

@@ -56,7 +56,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Engine, Store, UpdateDeadline};
-use wasq_core::{ErrorReason, Limits, LogLine, Progress, ReplayStep, RunError};
+use wasq_core::{Clock, ErrorReason, Limits, LogLine, Progress, ReplayStep, RunError, SystemClock};
 
 use crate::compile::CompileError;
 use crate::engine::DiskCache;
@@ -119,6 +119,9 @@ pub struct SandboxConfig {
     pub allow_loopback_egress: bool,
     /// Timeouts and caps of outbound HTTP.
     pub egress: EgressConfig,
+    /// What a guest's sleeps, waits and log lines read as now: the caller's clock (the
+    /// server gives the one its store reads).
+    pub clock: Arc<dyn Clock>,
 }
 
 impl Default for SandboxConfig {
@@ -140,6 +143,7 @@ impl Default for SandboxConfig {
             max_cached_artifacts: 2_048,
             allow_loopback_egress: false,
             egress: EgressConfig::default(),
+            clock: Arc::new(SystemClock),
         }
     }
 }

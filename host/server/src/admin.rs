@@ -38,7 +38,7 @@ const MAX_AUDIT_FIELD_BYTES: usize = 512;
 /// ([`audit_entry`]), so no entry can carry a terminal escape or forge a second line.
 pub(crate) async fn audit(app: &App, tenant: &str, caller: &Caller, action: &str, target: String) {
     let entry = audit_entry(
-        SystemClock.now_ms(),
+        app.now(),
         tenant,
         &caller.actor(),
         action,
@@ -120,7 +120,7 @@ async fn create_tenant(
         .directory
         .create_tenant(Tenant {
             name: req.name,
-            created_at: SystemClock.now_ms(),
+            created_at: app.now(),
             quotas: req.quotas.unwrap_or(app.config.default_quotas),
         })
         .await?;
@@ -258,7 +258,7 @@ pub(crate) async fn new_key(
         tenant: tenant.to_owned(),
         hmac: app.keyring.hmac_hex(&key),
         label,
-        created_at: SystemClock.now_ms(),
+        created_at: app.now(),
         revoked_at: None,
     };
     app.directory.create_key(stored.clone()).await?;
@@ -290,7 +290,7 @@ async fn revoke_key(
         .is_some_and(|k| k.tenant == tenant.name && k.revoked_at.is_some());
     let key = app
         .directory
-        .revoke_key(&tenant.name, &id, SystemClock.now_ms())
+        .revoke_key(&tenant.name, &id, app.now())
         .await?;
     if !was_revoked {
         audit(&app, &tenant.name, &caller, "key.revoke", id).await;

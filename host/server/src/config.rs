@@ -2,7 +2,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use wasq_core::Quotas;
+use std::sync::Arc;
+
+use wasq_core::{Clock, Quotas, SystemClock};
 use wasq_sandbox::SandboxConfig;
 
 /// Everything a daemon needs; the CLI builds it from flags and environment.
@@ -41,6 +43,10 @@ pub struct Config {
     pub guard: crate::guard::GuardConfig,
     /// Timeouts and connection caps of the HTTP API (see [`HttpLimits`]).
     pub http: HttpLimits,
+    /// What the whole daemon reads as now: the store, the API, the worker, the scheduler,
+    /// the purge and the sandbox (which gets this one, whatever `sandbox.clock` says).
+    /// Tests give a [`wasq_core::ManualClock`]; everything else the system clock.
+    pub clock: Arc<dyn Clock>,
 }
 
 /// What one client may hold of the HTTP server: slow or idle connections are cut, and a
@@ -135,6 +141,7 @@ impl Config {
             default_quotas: Quotas::default(),
             guard: crate::guard::GuardConfig::default(),
             http: HttpLimits::default(),
+            clock: Arc::new(SystemClock),
         }
     }
 }

@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use wasq_core::{Directory, Store, SystemClock};
+use wasq_core::{Clock, Directory, Store};
 use wasq_sandbox::{Sandbox, SandboxConfig};
 use wasq_store_redis::RedisStore;
 use wasq_store_sqlite::SqliteStore;
@@ -73,6 +73,13 @@ pub(crate) struct App {
     _lock: Option<std::fs::File>,
 }
 
+impl App {
+    /// Now, by the clock the store and the sandbox read too.
+    pub(crate) fn now(&self) -> wasq_core::clock::Millis {
+        self.config.clock.now_ms()
+    }
+}
+
 /// A started daemon.
 #[derive(Debug)]
 pub struct Running {
@@ -101,7 +108,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
 }
 
 /// Opens the store, binds the listener and spawns the API and the worker.
-pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Running, ServerError> {
+pub async fn start(
+    mut config: Config,
+    shutdown: CancellationToken,
+) -> Result<Running, ServerError> {
+    // One clock for everything in the process: the store's, the sandbox's and ours.
+    config.sandbox.clock = config.clock.clone();
     datadir::prepare(&config.data_dir, config.sandbox.cache_dir.as_deref())?;
     let (store, directory, lock) = open_store(&config, &shutdown).await?;
     let (keyring, admin_key) = keyring(&config)?;
@@ -197,7 +209,7 @@ async fn open_store(config: &Config, shutdown: &CancellationToken) -> Result<Ope
         StoreBackend::Sqlite => {
             let dir = &config.data_dir;
             let lock = lock_data_dir(dir)?;
-            let store = SqliteStore::open(&dir.join("wasq.db"), Arc::new(SystemClock))?;
+            let store = SqliteStore::open(&dir.join("wasq.db"), config.clock.clone())?;
             // We hold the folder alone, so any run still leased was leased by a process
             // that died.
             let abandoned = store.expire_all_leases().await?;
@@ -211,7 +223,7 @@ async fn open_store(config: &Config, shutdown: &CancellationToken) -> Result<Ope
             Ok((store.clone(), store, Some(lock)))
         }
         StoreBackend::Redis(target) => {
-            let store = connect_redis(target, shutdown).await?;
+            let store = connect_redis(target, config.clock.clone(), shutdown).await?;
             for warning in store.startup_warnings().await {
                 tracing::warn!("{warning}");
             }
@@ -226,12 +238,13 @@ async fn open_store(config: &Config, shutdown: &CancellationToken) -> Result<Ope
 /// not exit. Gives up at shutdown, or at once on an error waiting cannot fix (a bad URL).
 async fn connect_redis(
     target: &str,
+    clock: Arc<dyn Clock>,
     shutdown: &CancellationToken,
 ) -> Result<RedisStore, ServerError> {
     const MAX_DELAY: std::time::Duration = std::time::Duration::from_secs(5);
     let mut delay = std::time::Duration::from_millis(250);
     loop {
-        let error = match RedisStore::connect(target, Arc::new(SystemClock)).await {
+        let error = match RedisStore::connect(target, clock.clone()).await {
             Ok(store) => return Ok(store),
             Err(e) => e,
         };
@@ -310,7 +323,7 @@ async fn dev_tenant_key(app: &App) -> Result<String, ServerError> {
         .directory
         .create_tenant(Tenant {
             name: tenant.into(),
-            created_at: wasq_core::Clock::now_ms(&SystemClock),
+            created_at: app.now(),
             quotas: app.config.default_quotas,
         })
         .await
@@ -347,13 +360,15 @@ async fn purge_expired(app: Arc<App>, shutdown: CancellationToken) {
     let before = |ttl: Option<std::time::Duration>, now: i64| {
         ttl.map_or(i64::MIN, |t| now - t.as_millis() as i64)
     };
+    let every = app.config.purge_interval;
     loop {
+        let next = app.now().saturating_add(every.as_millis() as i64);
         tokio::select! {
-            _ = tokio::time::sleep(app.config.purge_interval) => {}
+            _ = app.config.clock.wait_until(next, every) => {}
             _ = shutdown.cancelled() => return,
         }
         loop {
-            let now = wasq_core::Clock::now_ms(&SystemClock);
+            let now = app.now();
             let req = wasq_core::PurgeRequest {
                 succeeded_before: before(app.config.result_ttl, now),
                 failed_before: before(app.config.failure_ttl, now),

@@ -89,10 +89,11 @@ pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
 async fn tenant_loop(app: Arc<App>, tenant: String, shutdown: CancellationToken) {
     let mut state = TenantState::default();
     loop {
-        state = pass(&app, &tenant, state, SystemClock.now_ms()).await;
-        let into_second = SystemClock.now_ms().rem_euclid(1000) as u64;
+        state = pass(&app, &tenant, state, app.now()).await;
+        // Just after the next second turns, by the server's clock.
+        let next = (app.now().div_euclid(1000) + 1) * 1000 + 5;
         tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(1000 - into_second + 5)) => {}
+            _ = app.config.clock.wait_until(next, Duration::from_millis(1005)) => {}
             _ = shutdown.cancelled() => return,
         }
     }

@@ -352,7 +352,13 @@ fn guard(allow: &[&str], loopback: bool, config: EgressConfig) -> (Guard, Arc<Li
         config: &config,
         allow_loopback: loopback,
         deadline: Instant::now() + Duration::from_secs(30),
-        logs: Arc::new(LogSink::new(lines.clone(), 1, 1 << 20, 10_000)),
+        logs: Arc::new(LogSink::new(
+            lines.clone(),
+            1,
+            1 << 20,
+            10_000,
+            Arc::new(wasq_core::SystemClock),
+        )),
         ownership: crate::host::Ownership::new(lines.clone()),
     });
     (g, lines)

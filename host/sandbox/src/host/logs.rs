@@ -17,6 +17,8 @@ pub(crate) const MAX_STREAM_LINE_BYTES: usize = 16 << 10;
 /// in the log: a write error would make the guest's `println!` panic, turning
 /// chatty-but-correct code into a failed attempt.
 pub(crate) struct LogSink {
+    /// Stamps the lines.
+    clock: Arc<dyn Clock>,
     journal: Arc<dyn Journal>,
     attempt: u32,
     max_bytes: usize,
@@ -40,8 +42,10 @@ impl LogSink {
         attempt: u32,
         max_bytes: usize,
         max_lines: usize,
+        clock: Arc<dyn Clock>,
     ) -> LogSink {
         LogSink {
+            clock,
             journal,
             attempt,
             max_bytes,
@@ -59,7 +63,7 @@ impl LogSink {
     fn line(&self, level: LogLevel, source: LogSource, message: String) -> LogLine {
         LogLine {
             attempt: self.attempt,
-            at: SystemClock.now_ms(),
+            at: self.clock.now_ms(),
             level,
             source,
             message,
@@ -304,6 +308,7 @@ impl tokio::io::AsyncWrite for LogWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use wasq_core::SystemClock;
 
     #[derive(Default)]
     struct Lines(Mutex<Vec<LogLine>>);
@@ -342,7 +347,7 @@ mod tests {
     fn stdout_lines_split_and_cap_drops_silently() {
         let j = Arc::new(Lines::default());
         // "hello\n" + "world\n" = 12 bytes; 3 more hold "mo" and the newline.
-        let sink = LogSink::new(j.clone(), 1, 15, LINES);
+        let sink = LogSink::new(j.clone(), 1, 15, LINES, Arc::new(SystemClock));
         sink.stream(LogSource::Stdout, b"hello\r\n\nwor");
         sink.stream(LogSource::Stdout, b"ld\nmore text\n");
         sink.stream(LogSource::Stdout, b"dropped\n");
@@ -366,7 +371,7 @@ mod tests {
     #[test]
     fn guest_lines_share_the_budget_and_empty_lines_cost() {
         let j = Arc::new(Lines::default());
-        let sink = LogSink::new(j.clone(), 1, 10, LINES);
+        let sink = LogSink::new(j.clone(), 1, 10, LINES, Arc::new(SystemClock));
         sink.guest(LogLevel::Info, "abc".into());
         sink.stream(LogSource::Stderr, b"de\n");
         for _ in 0..10 {
@@ -391,7 +396,7 @@ mod tests {
     #[test]
     fn the_line_budget_ends_with_one_marker() {
         let j = Arc::new(Lines::default());
-        let sink = LogSink::new(j.clone(), 1, 1 << 20, 3);
+        let sink = LogSink::new(j.clone(), 1, 1 << 20, 3, Arc::new(SystemClock));
         for i in 0..100 {
             sink.guest(LogLevel::Info, format!("line {i}"));
             sink.stream(LogSource::Stdout, b"out\n");
@@ -409,7 +414,7 @@ mod tests {
     #[test]
     fn control_characters_are_escaped() {
         let j = Arc::new(Lines::default());
-        let sink = LogSink::new(j.clone(), 1, 1 << 20, LINES);
+        let sink = LogSink::new(j.clone(), 1, 1 << 20, LINES, Arc::new(SystemClock));
         sink.guest(
             LogLevel::Info,
             "\x1b[31mred\x1b[0m\nINFO forged line\rover\x07\u{9b}2J\u{202e}evil\tok".into(),
@@ -434,7 +439,7 @@ mod tests {
     fn escapes_count_against_the_budget_and_are_never_cut() {
         let j = Arc::new(Lines::default());
         // 4 + 1 bytes fit: "ab" and the start of an escape would not.
-        let sink = LogSink::new(j.clone(), 1, 8, LINES);
+        let sink = LogSink::new(j.clone(), 1, 8, LINES, Arc::new(SystemClock));
         sink.guest(LogLevel::Info, "ab\x1bcd".into());
         let got = texts(&j);
         assert_eq!(got[0], (LogSource::Guest, "ab".into()));
@@ -444,7 +449,7 @@ mod tests {
     #[test]
     fn long_stream_lines_are_cut() {
         let j = Arc::new(Lines::default());
-        let sink = LogSink::new(j.clone(), 1, 1 << 20, LINES);
+        let sink = LogSink::new(j.clone(), 1, 1 << 20, LINES, Arc::new(SystemClock));
         sink.stream(
             LogSource::Stdout,
             &vec![b'x'; MAX_STREAM_LINE_BYTES * 2 + 5],
@@ -457,7 +462,7 @@ mod tests {
     #[test]
     fn panic_message_is_found_in_stderr() {
         let j = Arc::new(Lines::default());
-        let sink = LogSink::new(j.clone(), 1, 1 << 20, LINES);
+        let sink = LogSink::new(j.clone(), 1, 1 << 20, LINES, Arc::new(SystemClock));
         sink.stream(
             LogSource::Stderr,
             b"\nthread '<unnamed>' panicked at src/lib.rs:3:5:\nboom\nnote: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n",

@@ -103,7 +103,7 @@ impl State {
                 wake_at
             }
         };
-        let remaining = wake_at.saturating_sub(SystemClock.now_ms());
+        let remaining = wake_at.saturating_sub(self.clock.now_ms());
         if remaining <= 0 {
             return Ok(());
         }
@@ -150,7 +150,7 @@ impl step::Host for State {
     }
 
     async fn sleep(&mut self, name: String, millis: u64) -> wasmtime::Result<()> {
-        let now = SystemClock.now_ms();
+        let now = self.clock.now_ms();
         let wake_at = now.saturating_add(i64::try_from(millis).unwrap_or(i64::MAX));
         self.durable_sleep(name, wake_at).await
     }
@@ -195,7 +195,7 @@ impl step::Host for State {
             check_event_filter(filter).map_err(guest_error)?;
         }
         let until = (timeout_millis > 0).then(|| {
-            SystemClock
+            self.clock
                 .now_ms()
                 .saturating_add(i64::try_from(timeout_millis).unwrap_or(i64::MAX))
         });

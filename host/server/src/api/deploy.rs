@@ -57,7 +57,7 @@ pub struct DeployParams {
 impl DeployParams {
     /// The schedule asked for, checked by `crate::cron::check` (limits, and a first tick
     /// within the search horizon) on a blocking thread, since it searches ticks.
-    pub(crate) async fn schedule(&self) -> Result<Option<Schedule>, ApiError> {
+    pub(crate) async fn schedule(&self, now: wasq_core::clock::Millis) -> Result<Option<Schedule>, ApiError> {
         let Some(cron) = &self.cron else {
             if self.tz.is_some() || self.missed.is_some() {
                 return Err(ApiError::bad_request(
@@ -82,7 +82,7 @@ impl DeployParams {
             resumed_at: None,
         };
         let checked = schedule.clone();
-        tokio::task::spawn_blocking(move || crate::cron::check(&checked, SystemClock.now_ms()))
+        tokio::task::spawn_blocking(move || crate::cron::check(&checked, now))
             .await
             .map_err(|e| StoreError::Internal(format!("checking the schedule failed: {e}")))?
             .map_err(|e| ApiError::bad_request("bad_schedule", e))?;
@@ -217,10 +217,10 @@ pub(crate) async fn deploy(
                 p.cron = Some(kept.crons.join(";"));
                 p.tz = p.tz.or(Some(kept.tz));
                 p.missed = p.missed.or(Some(kept.missed));
-                p.schedule().await?
+                p.schedule(app.now()).await?
             }
         }
-        _ => params.schedule().await?,
+        _ => params.schedule(app.now()).await?,
     };
     if body.is_empty() {
         return Err(ApiError::bad_request(
@@ -248,7 +248,7 @@ pub(crate) async fn deploy(
         // A redeploy makes a paused schedule active again: a resume, whose missed ticks
         // follow the policy like any other's.
         new.resumed_at = if old.paused {
-            Some(SystemClock.now_ms())
+            Some(app.now())
         } else {
             old.resumed_at
         };

@@ -25,7 +25,7 @@ pub(crate) async fn list_schedules(
     let functions = app.store.functions(&scope.tenant).await?;
     // Searching ticks is CPU work: on a blocking thread, within a budget.
     let views = tokio::task::spawn_blocking(move || {
-        let now = SystemClock.now_ms();
+        let now = app.now();
         let deadline = std::time::Instant::now() + LIST_SCHEDULES_BUDGET;
         let mut out = vec![];
         for f in functions {
@@ -111,7 +111,7 @@ pub(crate) async fn schedule_action(
             schedule.paused = pause;
             if !pause {
                 // The ticks up to now were missed: the scheduler applies the policy.
-                schedule.resumed_at = Some(SystemClock.now_ms());
+                schedule.resumed_at = Some(app.now());
             }
             // Redeploys the same component with the schedule changed: one transition.
             let component =

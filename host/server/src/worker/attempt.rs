@@ -34,11 +34,11 @@ pub(crate) async fn finish_while_leased(
     // Renewals kept the lease alive until about now; one lease length later it has surely
     // expired and another worker may hold the run, so retrying longer is pointless (the
     // store's fence rejects a stale finish either way).
-    let until = SystemClock.now_ms() + app.config.lease.as_millis() as i64;
+    let until = app.now() + app.config.lease.as_millis() as i64;
     let mut delay = Duration::from_millis(50);
     loop {
         match app.store.finish(lease, outcome.clone()).await {
-            Err(e) if e.is_retryable() && SystemClock.now_ms() < until => {
+            Err(e) if e.is_retryable() && app.now() < until => {
                 tracing::warn!(error = %e, "recording the end of the attempt failed; retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(1));
@@ -48,10 +48,10 @@ pub(crate) async fn finish_while_leased(
     }
 }
 
-pub(crate) fn host_line(attempt: u32, level: LogLevel, message: String) -> LogLine {
+pub(crate) fn host_line(at: wasq_core::clock::Millis, attempt: u32, level: LogLevel, message: String) -> LogLine {
     LogLine {
         attempt,
-        at: SystemClock.now_ms(),
+        at,
         level,
         source: LogSource::Host,
         message,
@@ -175,6 +175,7 @@ pub(crate) async fn attempt(
             };
             tracing::info!(error = %error, "attempt failed{what}");
             journal.log(host_line(
+                app.now(),
                 run.attempt,
                 LogLevel::Error,
                 format!("attempt {} failed: {error}{what}", run.attempt),
@@ -246,6 +247,7 @@ pub(crate) fn storage_quota_failure(
     let error = RunError::new(ErrorReason::StorageQuota, why);
     tracing::warn!(error = %error, "attempt failed on a storage quota; not retried");
     journal.log(host_line(
+                journal.app.now(),
         run.attempt,
         LogLevel::Error,
         format!("attempt {} failed: {error}; not retried", run.attempt),
