@@ -272,40 +272,6 @@ async fn a_hundred_concurrent_posts_with_one_idempotency_key_make_one_run() {
     assert_eq!(status, 400, "{body}");
     d.stop().await;
 }
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ended_runs_are_purged_after_their_retention() {
-    let d = Daemon::start_with(|c| {
-        c.result_ttl = Some(Duration::from_millis(500));
-        c.failure_ttl = None;
-        c.purge_interval = Duration::from_millis(100);
-    })
-    .await;
-    d.api.deploy("echo", guest("echo"), "").await;
-    d.api.deploy("fail", guest("fail"), "max_attempts=1").await;
-    let ok = d.api.start_run("echo", "{}").await;
-    let bad = d
-        .api
-        .start_run("fail", r#"{"kind":"fatal","message":"x"}"#)
-        .await;
-    d.api.wait_run(&ok, WAIT).await;
-    d.api.wait_run(&bad, WAIT).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while d.api.get(&format!("/v1/runs/{ok}")).await.0 != 404 {
-        assert!(
-            Instant::now() < deadline,
-            "the succeeded run outlived its 500 ms retention"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert_eq!(
-        d.api.run(&bad).await["status"],
-        "failed",
-        "failures kept: failure_ttl is forever"
-    );
-    d.stop().await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_can_cascade_to_children() {
     let d = Daemon::start().await;
@@ -363,5 +329,55 @@ async fn cancel_can_cascade_to_children() {
         (200, Some(2)),
         "{kids}"
     );
+    d.stop().await;
+}
+
+/// Retention by the server's clock: a succeeded run goes once `result_ttl` has passed
+/// since it ended, a failed one once `failure_ttl` has; the purge wakes when the clock
+/// moves, so the test moves a manual clock by hours instead of waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_runs_are_purged_past_their_retention() {
+    const HOUR: i64 = 3_600_000;
+    let clock = wasq_core::ManualClock::new(1_767_225_600_000);
+    let c = clock.clone();
+    let d = Daemon::start_with(move |config| {
+        config.clock = std::sync::Arc::new(c);
+        config.result_ttl = Some(Duration::from_secs(3600));
+        config.failure_ttl = Some(Duration::from_secs(2 * 3600));
+        config.purge_interval = Duration::from_secs(60);
+    })
+    .await;
+    d.api.deploy("echo", guest("echo"), "").await;
+    d.api.deploy("fail", guest("fail"), "").await;
+    let ok = d.api.start_run("echo", "{}").await;
+    let bad = d
+        .api
+        .start_run("fail", r#"{"kind": "fatal", "message": "no"}"#)
+        .await;
+    assert_eq!(d.api.wait_run(&ok, WAIT).await["status"], "succeeded");
+    assert_eq!(d.api.wait_run(&bad, WAIT).await["status"], "failed");
+    let exists = |id: String| {
+        let api = d.api.clone();
+        async move { api.get(&format!("/v1/runs/{id}")).await.0 == 200 }
+    };
+    let gone = |id: String| {
+        let api = d.api.clone();
+        async move {
+            let deadline = Instant::now() + WAIT;
+            while api.get(&format!("/v1/runs/{id}")).await.0 != 404 {
+                assert!(Instant::now() < deadline, "run {id} was not purged");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+
+    clock.advance(HOUR + 120_000);
+    gone(ok.clone()).await;
+    assert!(
+        exists(bad.clone()).await,
+        "a failed run is kept for failure_ttl"
+    );
+    clock.advance(HOUR);
+    gone(bad.clone()).await;
     d.stop().await;
 }

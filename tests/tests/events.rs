@@ -1,8 +1,10 @@
 //! Events, wait-for-event and child runs against the real daemon.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use wasq_core::ManualClock;
 use wasq_tests::{Daemon, guest};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -74,21 +76,35 @@ async fn a_matching_event_resumes_a_waiting_run_and_others_do_not() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_times_out_with_no_event() {
-    let d = Daemon::start().await;
-    d.api.deploy("waiter", guest("waiter"), "").await;
+    // On a manual clock: the hour's timeout passes when the test says so.
+    let clock = ManualClock::new(1_767_225_600_000);
+    let c = clock.clone();
+    let d = Daemon::start_with(move |config| config.clock = Arc::new(c)).await;
+    // One attempt: a retry's backoff would wait for the clock too.
+    d.api
+        .deploy("waiter", guest("waiter"), "max_attempts=1")
+        .await;
     let id = d
         .api
-        .start_run("waiter", r#"{"event":"never","timeout_ms":1500}"#)
+        .start_run("waiter", r#"{"event":"never","timeout_ms":3600000}"#)
         .await;
+    d.api
+        .wait_until(&id, WAIT, |r| r["status"] == "waiting")
+        .await;
+    clock.advance(3_599_000);
+    // Claims go on meanwhile (a worker polls several times a second): still waiting.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(d.api.run(&id).await["status"], "waiting", "not yet");
+    clock.advance(1_000);
     let run = d.api.wait_run(&id, WAIT).await;
     assert_eq!(run["status"], "succeeded", "{run:#}");
     assert_eq!(run["output"], json!({"got": null}));
     let attempts = run["attempts"].as_array().unwrap();
     let waited =
         attempts[1]["started_at"].as_i64().unwrap() - attempts[0]["finished_at"].as_i64().unwrap();
-    assert!(
-        (1400..3000).contains(&waited),
-        "resumed after {waited} ms for a 1500 ms timeout"
+    assert_eq!(
+        waited, 3_600_000,
+        "resumed when the hour was up, by the server's clock"
     );
 
     // A bad filter is the guest's bug: it fails loudly instead of never matching.
