@@ -37,13 +37,7 @@ const MAX_AUDIT_FIELD_BYTES: usize = 512;
 /// Call it only once the action has succeeded. Every text is stored escaped and bounded
 /// ([`audit_entry`]), so no entry can carry a terminal escape or forge a second line.
 pub(crate) async fn audit(app: &App, tenant: &str, caller: &Caller, action: &str, target: String) {
-    let entry = audit_entry(
-        app.now(),
-        tenant,
-        &caller.actor(),
-        action,
-        &target,
-    );
+    let entry = audit_entry(app.now(), tenant, &caller.actor(), action, &target);
     if let Err(e) = app.directory.audit(entry).await {
         tracing::error!(error = %e, tenant, action, "could not write the audit trail");
     }

@@ -154,6 +154,9 @@ pub enum StoreBackend {
     /// A Redis shared by any number of processes: `redis://host:port[/db]` or
     /// `redis+cluster://host:port,host:port,...`.
     Redis(String),
+    /// In this process's memory (`wasq_store_memory`): nothing survives the process. For
+    /// tests of the daemon that need neither a file nor a server; no CLI flag selects it.
+    Memory,
 }
 
 pub const DEFAULT_PORT: u16 = 7070;

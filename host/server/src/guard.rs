@@ -124,6 +124,7 @@ async fn check(app: &App) -> Result<Option<String>, String> {
                 )
             }))
         }
+        StoreBackend::Memory => Ok(None),
         StoreBackend::Redis(_) => {
             let Some(c) = app.store.capacity().await.map_err(|e| e.to_string())? else {
                 return Ok(None);

@@ -25,6 +25,9 @@ mod schedule;
 mod serve;
 mod worker;
 
+#[cfg(test)]
+mod tests;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -108,54 +111,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Serv
 }
 
 /// Opens the store, binds the listener and spawns the API and the worker.
-pub async fn start(
-    mut config: Config,
-    shutdown: CancellationToken,
-) -> Result<Running, ServerError> {
-    // One clock for everything in the process: the store's, the sandbox's and ours.
-    config.sandbox.clock = config.clock.clone();
-    datadir::prepare(&config.data_dir, config.sandbox.cache_dir.as_deref())?;
-    let (store, directory, lock) = open_store(&config, &shutdown).await?;
-    let (keyring, admin_key) = keyring(&config)?;
-    let sandbox = Sandbox::new(config.sandbox.clone())?;
-    let listener = match config.listen {
-        Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|source| ServerError::Listen { addr, source })?,
-        ),
-        None => None,
-    };
-    let addr = match &listener {
-        Some(l) => Some(l.local_addr().map_err(ServerError::Serve)?),
-        None => None,
-    };
-    let upload_kib =
-        (config.http.upload_bytes_in_flight >> 10).clamp(1, u64::from(u32::MAX >> 3)) as usize;
-    let app = Arc::new(App {
-        sandbox_config: config.sandbox.clone(),
-        worker_id: format!("{}-{}", hostname(), std::process::id()),
-        config,
-        store,
-        directory,
-        keyring,
-        sandbox,
-        wake: Notify::new(),
-        in_flight: worker::InFlight::default(),
-        quotas: worker::QuotaCache::default(),
-        metrics: metrics::Metrics::new(),
-        guard: guard::Guard::default(),
-        uploads: Arc::new(tokio::sync::Semaphore::new(upload_kib)),
-        finished: tokio::sync::broadcast::channel(1024).0,
-        _lock: lock,
-    });
-
-    let dev_key = if app.config.auth.dev_tenant {
-        Some(dev_tenant_key(&app).await?)
-    } else {
-        None
-    };
-
+pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Running, ServerError> {
+    let Assembled {
+        app,
+        listener,
+        addr,
+        dev_key,
+        admin_key,
+    } = assemble(config, &shutdown).await?;
     let task = tokio::spawn(async move {
         let guard = tokio::spawn(guard::watch(app.clone(), shutdown.clone()));
         let worker = (app.config.concurrency > 0)
@@ -199,6 +162,74 @@ pub async fn start(
     })
 }
 
+/// A daemon put together but not yet running: the tests of this crate drive its router
+/// and worker directly.
+pub(crate) struct Assembled {
+    pub(crate) app: Arc<App>,
+    listener: Option<tokio::net::TcpListener>,
+    addr: Option<SocketAddr>,
+    dev_key: Option<String>,
+    admin_key: String,
+}
+
+/// Opens the store, the keys and the sandbox, and binds the listener (if any).
+pub(crate) async fn assemble(
+    mut config: Config,
+    shutdown: &CancellationToken,
+) -> Result<Assembled, ServerError> {
+    // One clock for everything in the process: the store's, the sandbox's and ours.
+    config.sandbox.clock = config.clock.clone();
+    datadir::prepare(&config.data_dir, config.sandbox.cache_dir.as_deref())?;
+    let (store, directory, lock) = open_store(&config, shutdown).await?;
+    let (keyring, admin_key) = keyring(&config)?;
+    let sandbox = Sandbox::new(config.sandbox.clone())?;
+    let listener = match config.listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServerError::Listen { addr, source })?,
+        ),
+        None => None,
+    };
+    let addr = match &listener {
+        Some(l) => Some(l.local_addr().map_err(ServerError::Serve)?),
+        None => None,
+    };
+    let upload_kib =
+        (config.http.upload_bytes_in_flight >> 10).clamp(1, u64::from(u32::MAX >> 3)) as usize;
+    let app = Arc::new(App {
+        sandbox_config: config.sandbox.clone(),
+        worker_id: format!("{}-{}", hostname(), std::process::id()),
+        config,
+        store,
+        directory,
+        keyring,
+        sandbox,
+        wake: Notify::new(),
+        in_flight: worker::InFlight::default(),
+        quotas: worker::QuotaCache::default(),
+        metrics: metrics::Metrics::new(),
+        guard: guard::Guard::default(),
+        uploads: Arc::new(tokio::sync::Semaphore::new(upload_kib)),
+        finished: tokio::sync::broadcast::channel(1024).0,
+        _lock: lock,
+    });
+
+    let dev_key = if app.config.auth.dev_tenant {
+        Some(dev_tenant_key(&app).await?)
+    } else {
+        None
+    };
+
+    Ok(Assembled {
+        app,
+        listener,
+        addr,
+        dev_key,
+        admin_key,
+    })
+}
+
 /// Opens the configured backend. The embedded store takes the data folder's lock and
 /// recovers runs a dead predecessor left leased; Redis is shared, so neither applies there
 /// (expired leases are reclaimed by whichever worker claims next).
@@ -221,6 +252,10 @@ async fn open_store(config: &Config, shutdown: &CancellationToken) -> Result<Ope
             }
             let store = Arc::new(store);
             Ok((store.clone(), store, Some(lock)))
+        }
+        StoreBackend::Memory => {
+            let store = Arc::new(wasq_store_memory::MemoryStore::new(config.clock.clone()));
+            Ok((store.clone(), store, None))
         }
         StoreBackend::Redis(target) => {
             let store = connect_redis(target, config.clock.clone(), shutdown).await?;

@@ -57,7 +57,10 @@ pub struct DeployParams {
 impl DeployParams {
     /// The schedule asked for, checked by `crate::cron::check` (limits, and a first tick
     /// within the search horizon) on a blocking thread, since it searches ticks.
-    pub(crate) async fn schedule(&self, now: wasq_core::clock::Millis) -> Result<Option<Schedule>, ApiError> {
+    pub(crate) async fn schedule(
+        &self,
+        now: wasq_core::clock::Millis,
+    ) -> Result<Option<Schedule>, ApiError> {
         let Some(cron) = &self.cron else {
             if self.tz.is_some() || self.missed.is_some() {
                 return Err(ApiError::bad_request(

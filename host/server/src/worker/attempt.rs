@@ -48,7 +48,12 @@ pub(crate) async fn finish_while_leased(
     }
 }
 
-pub(crate) fn host_line(at: wasq_core::clock::Millis, attempt: u32, level: LogLevel, message: String) -> LogLine {
+pub(crate) fn host_line(
+    at: wasq_core::clock::Millis,
+    attempt: u32,
+    level: LogLevel,
+    message: String,
+) -> LogLine {
     LogLine {
         attempt,
         at,
@@ -247,7 +252,7 @@ pub(crate) fn storage_quota_failure(
     let error = RunError::new(ErrorReason::StorageQuota, why);
     tracing::warn!(error = %error, "attempt failed on a storage quota; not retried");
     journal.log(host_line(
-                journal.app.now(),
+        journal.app.now(),
         run.attempt,
         LogLevel::Error,
         format!("attempt {} failed: {error}; not retried", run.attempt),
