@@ -1,0 +1,20 @@
+//! `cron pause | resume | run-now`.
+
+use super::*;
+
+pub(crate) async fn cron_action(client: Client, function: &str, action: &str) -> Result<ExitCode> {
+    let path = format!(
+        "/v1/functions/{}/schedule/{action}",
+        client::path_segment(function)
+    );
+    let answer = client.post_json(&path, String::new()).await?;
+    match action {
+        "run-now" => outln!("{}", out::field(&answer["id"])),
+        "pause" => outln!("paused the schedule of {}", out::line(function, out::SHORT)),
+        _ => outln!(
+            "resumed the schedule of {}",
+            out::line(function, out::SHORT)
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}

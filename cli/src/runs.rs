@@ -1,0 +1,148 @@
+//! `run` (with `--wait`) and `runs logs` (with `--follow`).
+
+use super::*;
+
+pub(crate) async fn run(client: Client, args: RunArgs) -> Result<ExitCode> {
+    let input = read_json_arg(&args.input, "--input")?.to_string();
+    let mut path = format!(
+        "/v1/functions/{}/runs",
+        client::path_segment(&args.function)
+    );
+    let mut params = vec![];
+    params.extend(args.max_attempts.map(|n| format!("max_attempts={n}")));
+    params.extend(args.priority.map(|n| format!("priority={n}")));
+    if !params.is_empty() {
+        path.push('?');
+        path.push_str(&params.join("&"));
+    }
+    let run = client
+        .post_run(&path, input, args.idempotency_key.as_deref())
+        .await?;
+    let id = str_of(&run["id"]).to_owned();
+    if !args.wait {
+        match args.output {
+            Output::Json => outln!("{}", out::json(&run, true)),
+            Output::Table => outln!("{}", out::line(&id, out::SHORT)),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let run = wait_for(&client, &id).await?;
+    if let Output::Json = args.output {
+        outln!("{}", out::json(&run, true));
+    }
+    match str_of(&run["status"]) {
+        "succeeded" => {
+            if let Output::Table = args.output {
+                outln!("{}", out::json(&run["output"], true));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        _ => {
+            let err = &run["error"];
+            let id = out::line(&id, out::SHORT);
+            bail!(
+                "run {id} {}: {}: {} (see `wasq runs logs {id}`)",
+                out::field(&run["status"]),
+                out::field(&err["reason"]),
+                out::line(str_of(&err["message"]), out::LONG)
+            )
+        }
+    }
+}
+
+/// Polls the run until it ends, showing progress on stderr when it changes.
+pub(crate) async fn wait_for(client: &Client, id: &str) -> Result<Value> {
+    use std::io::IsTerminal;
+    let path = format!("/v1/runs/{}", client::path_segment(id));
+    // A live bar on a terminal; elsewhere (pipes, CI logs) one line per change.
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = indicatif::ProgressBar::new(100);
+        let style =
+            indicatif::ProgressStyle::with_template("{spinner} [{bar:30}] {pos:>3}% {wide_msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                .progress_chars("=> ");
+        bar.set_style(style);
+        bar.enable_steady_tick(Duration::from_millis(100));
+        bar
+    });
+    let mut last = String::new();
+    let mut delay = Duration::from_millis(20);
+    loop {
+        let run = client.get(&path, &[]).await?;
+        if matches!(
+            str_of(&run["status"]),
+            "succeeded" | "failed" | "cancelled" | "skipped"
+        ) {
+            if let Some(bar) = &bar {
+                bar.finish_and_clear();
+            }
+            return Ok(run);
+        }
+        let percent = run["progress"]["percent"].as_u64().unwrap_or(0);
+        let line = views::status_line(&run);
+        if let Some(bar) = &bar {
+            bar.set_position(percent);
+            bar.set_message(line);
+        } else if line != last {
+            errln!("[{percent:>3}%] {line}");
+            last = line;
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(250));
+    }
+}
+
+pub(crate) async fn logs(
+    client: Client,
+    id: &str,
+    follow: bool,
+    output: Output,
+) -> Result<ExitCode> {
+    let seg = client::path_segment(id);
+    let mut seen = 0usize;
+    loop {
+        let lines = client
+            .get(
+                &format!("/v1/runs/{seg}/logs"),
+                &[
+                    ("skip", seen.to_string()),
+                    ("limit", LOG_PAGE_LINES.to_string()),
+                ],
+            )
+            .await?;
+        let lines = lines.as_array().cloned().unwrap_or_default();
+        seen += lines.len();
+        for l in &lines {
+            match output {
+                Output::Json => outln!("{}", out::json(l, false)),
+                Output::Table => outln!("{}", views::log_line(l)),
+            }
+        }
+        // The log comes in pages of at most 10,000 lines and 4 MiB: a full page (by
+        // either bound; one line is at most 1 MiB) may have more after it. A page over
+        // 4 MiB is not the server's: no more paging then.
+        let bytes: usize = lines
+            .iter()
+            .filter_map(|l| l["message"].as_str())
+            .map(str::len)
+            .sum();
+        if (lines.len() >= LOG_PAGE_LINES || bytes > 3 << 20) && bytes <= 4 << 20 {
+            continue;
+        }
+        if !follow {
+            return Ok(ExitCode::SUCCESS);
+        }
+        let run = client.get(&format!("/v1/runs/{seg}"), &[]).await?;
+        if matches!(
+            str_of(&run["status"]),
+            "succeeded" | "failed" | "cancelled" | "skipped"
+        ) && lines.is_empty()
+        {
+            return Ok(ExitCode::SUCCESS);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Log lines asked for per page (the server's maximum).
+pub(crate) const LOG_PAGE_LINES: usize = 10_000;
