@@ -25,7 +25,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{ErrorReason, RunError};
 
 /// Priorities a function or run may ask for.
 pub const PRIORITY_RANGE: std::ops::RangeInclusive<i32> = -1000..=1000;
@@ -245,32 +244,6 @@ impl FlowControl {
         }
         Ok(())
     }
-}
-
-impl FlowPlan {
-    /// The error a run over its rate limit is skipped with.
-    pub fn rate_limited_error(&self) -> RunError {
-        let (limit, period) = self
-            .rate_limit
-            .as_ref()
-            .map_or((0, 0), |g| (g.limit, g.period_ms));
-        let key = match &self.keys.rate_limit {
-            Some(k) => format!(" for key {k:?}"),
-            None => String::new(),
-        };
-        RunError::new(
-            ErrorReason::RateLimited,
-            format!("rate limit of {limit} per {period} ms reached{key}; the run was dropped"),
-        )
-    }
-}
-
-/// The error a debounced run is skipped with when `successor` replaces it.
-pub fn debounced_error(successor: &str) -> RunError {
-    RunError::new(
-        ErrorReason::Debounced,
-        format!("replaced by run {successor} with the same debounce key"),
-    )
 }
 
 pub fn check_priority(p: i32) -> Result<(), String> {

@@ -12,6 +12,7 @@
 //! each backend or have their own module.
 
 use crate::clock::Millis;
+use crate::flow::FlowPlan;
 use crate::model::*;
 use crate::store::{Outcome, QUOTA_RETRY_AFTER_MS, StoreError};
 
@@ -351,6 +352,30 @@ pub fn skip(id: &str, error: RunError, now: Millis) -> Transition {
     t.error = Change::Set(error);
     t.finished_at = Some(now);
     t
+}
+
+/// The error a run over its rate limit is skipped with.
+pub fn rate_limited_error(plan: &FlowPlan) -> RunError {
+    let (limit, period) = plan
+        .rate_limit
+        .as_ref()
+        .map_or((0, 0), |g| (g.limit, g.period_ms));
+    let key = match &plan.keys.rate_limit {
+        Some(k) => format!(" for key {k:?}"),
+        None => String::new(),
+    };
+    RunError::new(
+        ErrorReason::RateLimited,
+        format!("rate limit of {limit} per {period} ms reached{key}; the run was dropped"),
+    )
+}
+
+/// The error a debounced run is skipped with when `successor` replaces it.
+pub fn debounced_error(successor: &str) -> RunError {
+    RunError::new(
+        ErrorReason::Debounced,
+        format!("replaced by run {successor} with the same debounce key"),
+    )
 }
 
 /// The statuses a cancel accepts: every status but the terminal ones.

@@ -276,7 +276,7 @@ proptest! {
             }
         }
         // Debug-escaped in the message: at most 6 bytes (`\u{1f}`) per byte of key.
-        prop_assert!(plan.rate_limited_error().message.len() <= 100 + 6 * MAX_KEY_BYTES);
+        prop_assert!(wasq_core::lifecycle::rate_limited_error(&plan).message.len() <= 100 + 6 * MAX_KEY_BYTES);
         if !not_json {
             let reordered = flow.plan("fn-1", reversed_text(&input).as_bytes(), None);
             prop_assert_eq!(reordered.keys, plan.keys);

@@ -33,7 +33,7 @@ use crate::{App, MAX_MEMORY_FLOOR};
 
 pub fn router(app: Arc<App>) -> Router {
     // A streaming bound: the body is read up to this and no further (see `upload_body`).
-    let upload_limit = app.sandbox_config.max_component_bytes;
+    let upload_limit = app.config.sandbox.max_component_bytes;
     let authenticated = Router::new()
         .route("/v1/functions", get(list_functions))
         .route(

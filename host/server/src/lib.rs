@@ -18,7 +18,7 @@ mod config;
 mod cron;
 mod datadir;
 mod error;
-mod flow;
+mod flow_params;
 mod guard;
 mod metrics;
 mod schedule;
@@ -34,7 +34,7 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use wasq_core::{Clock, Directory, Store};
-use wasq_sandbox::{Sandbox, SandboxConfig};
+use wasq_sandbox::Sandbox;
 use wasq_store_redis::RedisStore;
 use wasq_store_sqlite::SqliteStore;
 
@@ -58,7 +58,6 @@ pub(crate) struct App {
     pub directory: Arc<dyn Directory>,
     pub keyring: auth::Keyring,
     pub sandbox: Sandbox,
-    pub sandbox_config: SandboxConfig,
     /// Wakes an idle worker when a run is created in this process.
     pub wake: Notify,
     /// Attempts this process is running.
@@ -198,7 +197,6 @@ pub(crate) async fn assemble(
     let upload_kib =
         (config.http.upload_bytes_in_flight >> 10).clamp(1, u64::from(u32::MAX >> 3)) as usize;
     let app = Arc::new(App {
-        sandbox_config: config.sandbox.clone(),
         worker_id: format!("{}-{}", hostname(), std::process::id()),
         config,
         store,

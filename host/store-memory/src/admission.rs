@@ -7,7 +7,7 @@
 //! all prepared and checked before any of them is committed.
 
 use wasq_core::clock::Millis;
-use wasq_core::flow::{self, Gate};
+use wasq_core::flow::Gate;
 use wasq_core::lifecycle::{self, Admission};
 use wasq_core::storage;
 use wasq_core::*;
@@ -153,7 +153,7 @@ pub(crate) fn prepare(
     let mut entry = RunEntry::new(run, &plan);
     if over_rate {
         // Recorded, and skipped as it is created.
-        let t = lifecycle::skip(&entry.run.id, plan.rate_limited_error(), now);
+        let t = lifecycle::skip(&entry.run.id, lifecycle::rate_limited_error(&plan), now);
         write(&mut entry, &t, now);
         entry.recount();
     }
@@ -179,7 +179,7 @@ pub(crate) fn commit(st: &mut State, now: Millis, prepared: Prepared) -> Result<
     } = new;
     let (tenant, id) = (entry.run.tenant.clone(), entry.run.id.clone());
     if let Some(old) = replaces {
-        let t = lifecycle::skip(&old, flow::debounced_error(&id), now);
+        let t = lifecycle::skip(&old, lifecycle::debounced_error(&id), now);
         apply(st, &tenant, &old, &t, now)?;
     }
     st.insert(entry);

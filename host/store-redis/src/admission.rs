@@ -158,8 +158,8 @@ pub(crate) fn flow_args(
     let (tgate, tlimit, tperiod) = gate(&plan.throttle);
     let (rgate, rlimit, rperiod) = gate(&plan.rate_limit);
     let (dgate, _, dperiod) = gate(&plan.debounce);
-    let rate_limited = plan.rate_limited_error();
-    let (debounced, debounced_run) = (flow::debounced_error(id), debounced);
+    let rate_limited = lifecycle::rate_limited_error(plan);
+    let (debounced, debounced_run) = (lifecycle::debounced_error(id), debounced);
     let args = args
         .n(plan.priority)
         .n(plan.rank_offset)

@@ -138,7 +138,7 @@ use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::{Cmd, FromRedisValue, Script, Value};
-use wasq_core::flow::{self, FlowPlan, Gate};
+use wasq_core::flow::{FlowPlan, Gate};
 use wasq_core::lifecycle::{self, Admission};
 use wasq_core::*;
 

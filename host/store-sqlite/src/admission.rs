@@ -64,7 +64,7 @@ pub(crate) fn insert_run(
     if let Some(g) = &plan.rate_limit
         && window_full(tx, &req.tenant, g, now)?.is_some()
     {
-        new.insert(tx, now, now, Some(&plan.rate_limited_error()))?;
+        new.insert(tx, now, now, Some(&lifecycle::rate_limited_error(&plan)))?;
         return created(tx, &id);
     }
     // The pending (not yet started) run of the debounce key, which this one replaces.
@@ -86,7 +86,7 @@ pub(crate) fn insert_run(
     if let Some(old) = replaced {
         let old = load_run(tx, &old)?
             .ok_or_else(|| StoreError::Internal("debounced run vanished".into()))?;
-        let t = lifecycle::skip(&old.id, flow::debounced_error(&id), now);
+        let t = lifecycle::skip(&old.id, lifecycle::debounced_error(&id), now);
         apply(tx, &old, &t, now)?;
     }
     let mut due = req.due_at.unwrap_or(now);

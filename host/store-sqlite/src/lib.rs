@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
-use wasq_core::flow::{self, FlowPlan, Gate};
+use wasq_core::flow::{FlowPlan, Gate};
 use wasq_core::lifecycle::{self, Admission, Change, Execution, Transition};
 use wasq_core::storage as storage_limits;
 use wasq_core::*;

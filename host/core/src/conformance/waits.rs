@@ -155,7 +155,7 @@ pub(super) async fn a_replaced_run_tells_its_waiter(store: impl Store, clock: Ma
     let (parent, replaced) = waiting_parent(&store, first).await;
     clock.advance(10);
     let successor = enq(&store, "deb", json!({"k": "x"})).await;
-    let error = crate::flow::debounced_error(&successor.id);
+    let error = lifecycle::debounced_error(&successor.id);
     assert_eq!(
         resumed_with(&store, &parent).await,
         lifecycle::skipped_resolution(&replaced.id, &error)

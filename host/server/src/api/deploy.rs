@@ -31,7 +31,7 @@ pub struct DeployParams {
     /// Comma-separated hosts the function may send HTTP requests to: `api.example.com`,
     /// `*.example.com` (subdomains, not the apex), IP literals. Default: none.
     pub allow_hosts: Option<String>,
-    /// Flow control (see `wasq_core::flow`; parsed in `crate::flow`). Runs executing at
+    /// Flow control (see `wasq_core::flow`; parsed in `crate::flow_params`). Runs executing at
     /// once, per `concurrency_key` when given.
     pub concurrency_limit: Option<u32>,
     /// A key expression into the input, e.g. `input.customer.id`.
@@ -186,14 +186,14 @@ pub(crate) async fn deploy(
     params: Result<Query<DeployParams>, QueryRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let body = upload_body(body, app.sandbox_config.max_component_bytes)?;
+    let body = upload_body(body, app.config.sandbox.max_component_bytes)?;
     check_name(&name)?;
     app.guard.admit()?;
     let params = query(params)?;
     let existing = app.store.function(&scope.tenant, &name).await?;
     let base = params.base(existing.as_ref());
     let kept_settings = base.map_or_else(FunctionSettings::default, |f| f.settings.clone());
-    let settings = params.settings(kept_settings, app.sandbox_config.max_memory_bytes)?;
+    let settings = params.settings(kept_settings, app.config.sandbox.max_memory_bytes)?;
     let events: Vec<String> = match &params.events {
         None => base.map(|f| f.events.clone()).unwrap_or_default(),
         Some(list) => list
@@ -310,7 +310,7 @@ pub(crate) async fn upload_budget(
     if req.method() != axum::http::Method::PUT {
         return next.run(req).await;
     }
-    let max = app.sandbox_config.max_component_bytes as u64;
+    let max = app.config.sandbox.max_component_bytes as u64;
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -348,7 +348,7 @@ pub(crate) async fn refuse_declared_oversize(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let max = app.sandbox_config.max_component_bytes;
+    let max = app.config.sandbox.max_component_bytes;
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
