@@ -20,6 +20,7 @@ pub mod ids;
 pub mod lifecycle;
 mod model;
 pub mod names;
+mod retry;
 pub mod storage;
 mod store;
 mod tenant;
