@@ -92,6 +92,35 @@ pub struct Limits {
     pub memory_bytes: u64,
 }
 
+/// The smallest memory limit a function may ask for: below it even a small guest's
+/// stack and data do not fit.
+pub const MAX_MEMORY_FLOOR: u64 = 1 << 20;
+
+/// The longest wall-clock limit of one attempt: a day.
+pub const MAX_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
+
+impl Limits {
+    /// Checks the limits a deploy asks for; `max_memory` is the server's ceiling.
+    pub fn validate(&self, max_memory: u64) -> Result<(), String> {
+        if !(1..=MAX_TIMEOUT_MS).contains(&self.timeout_ms) {
+            return Err(format!(
+                "timeout_ms must be between 1 and {MAX_TIMEOUT_MS}, got {}",
+                self.timeout_ms
+            ));
+        }
+        if self.fuel == 0 {
+            return Err("fuel must be at least 1".into());
+        }
+        if !(MAX_MEMORY_FLOOR..=max_memory).contains(&self.memory_bytes) {
+            return Err(format!(
+                "memory_bytes must be between {MAX_MEMORY_FLOOR} and this server's ceiling of {max_memory}, got {}",
+                self.memory_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {

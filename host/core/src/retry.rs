@@ -54,6 +54,24 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
+    /// Attempts a policy may allow at most.
+    pub const MAX_ATTEMPTS: u32 = 100;
+
+    /// Checks the policy as the API, the CLI and the manifest accept it.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=Self::MAX_ATTEMPTS).contains(&self.max_attempts) {
+            return Err(format!(
+                "max_attempts must be between 1 and {}, got {}",
+                Self::MAX_ATTEMPTS,
+                self.max_attempts
+            ));
+        }
+        if self.initial_backoff_ms > self.max_backoff_ms {
+            return Err("initial_backoff_ms must not exceed max_backoff_ms".into());
+        }
+        Ok(())
+    }
+
     /// Delay before attempt `next_attempt` (2 for the first retry), before jitter, or
     /// `None` when the policy is exhausted.
     pub fn backoff_before(&self, next_attempt: u32) -> Option<u64> {
@@ -172,5 +190,25 @@ mod tests {
             None,
             "traps not retried"
         );
+    }
+
+    #[test]
+    fn validation_bounds_attempts_and_backoff() {
+        let ok = RetryPolicy::default();
+        assert!(ok.validate().is_ok());
+        let none = RetryPolicy {
+            max_attempts: 0,
+            ..ok
+        };
+        assert_eq!(
+            none.validate().unwrap_err(),
+            "max_attempts must be between 1 and 100, got 0"
+        );
+        let inverted = RetryPolicy {
+            initial_backoff_ms: 2,
+            max_backoff_ms: 1,
+            ..ok
+        };
+        assert!(inverted.validate().unwrap_err().contains("must not exceed"));
     }
 }

@@ -27,9 +27,9 @@ use serde::{Deserialize, Serialize};
 use wasq_core::flow;
 use wasq_core::*;
 
+use crate::App;
 use crate::auth::TenantScope;
 use crate::error::ApiError;
-use crate::{App, MAX_MEMORY_FLOOR};
 
 pub fn router(app: Arc<App>) -> Router {
     // A streaming bound: the body is read up to this and no further (see `upload_body`).

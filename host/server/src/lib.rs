@@ -46,9 +46,8 @@ pub use guard::{FreeSpace, GuardConfig};
 /// `wasq_sandbox::Compiler`).
 pub use wasq_sandbox::{CHILD_ARG, Compiler, compile_child_main};
 
-/// The smallest memory limit a function may ask for: below it even a small guest's
-/// stack and data do not fit.
-pub const MAX_MEMORY_FLOOR: u64 = 1 << 20;
+/// The smallest memory limit a function may ask for (see `wasq_core::Limits::validate`).
+pub use wasq_core::MAX_MEMORY_FLOOR;
 
 /// What the API handlers and the worker share.
 pub(crate) struct App {

@@ -132,23 +132,10 @@ impl DeployParams {
                 d.flow
             },
         };
-        let bad = |m: String| Err(ApiError::bad_request("bad_settings", m));
-        if !(1..=24 * 3600 * 1000).contains(&s.limits.timeout_ms) {
-            return bad(format!(
-                "timeout_ms must be between 1 and 86400000, got {}",
-                s.limits.timeout_ms
-            ));
-        }
-        if s.limits.fuel == 0 {
-            return bad("fuel must be at least 1".into());
-        }
-        if !(MAX_MEMORY_FLOOR..=max_memory).contains(&s.limits.memory_bytes) {
-            return bad(format!(
-                "memory_bytes must be between {MAX_MEMORY_FLOOR} and this server's ceiling of {max_memory}, got {}",
-                s.limits.memory_bytes
-            ));
-        }
-        check_retry(&s.retry)?;
+        s.limits
+            .validate(max_memory)
+            .and_then(|()| s.retry.validate())
+            .map_err(|m| ApiError::bad_request("bad_settings", m))?;
         Ok(s)
     }
 

@@ -40,28 +40,10 @@ impl RunParams {
             jitter: self.jitter.unwrap_or(base.jitter),
             retry_traps: self.retry_traps.unwrap_or(base.retry_traps),
         };
-        check_retry(&p)?;
+        p.validate()
+            .map_err(|m| ApiError::bad_request("bad_settings", m))?;
         Ok(p)
     }
-}
-
-pub(crate) fn check_retry(p: &RetryPolicy) -> Result<(), ApiError> {
-    if !(1..=100).contains(&p.max_attempts) {
-        return Err(ApiError::bad_request(
-            "bad_settings",
-            format!(
-                "max_attempts must be between 1 and 100, got {}",
-                p.max_attempts
-            ),
-        ));
-    }
-    if p.initial_backoff_ms > p.max_backoff_ms {
-        return Err(ApiError::bad_request(
-            "bad_settings",
-            "initial_backoff_ms must not exceed max_backoff_ms",
-        ));
-    }
-    Ok(())
 }
 
 pub(crate) async fn create_run(
