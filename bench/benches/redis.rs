@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
-use wasq_core::{DEFAULT_TENANT, EnqueueRequest, RunQuery, RunStatus, Store, SystemClock};
+use wasq_core::{DEFAULT_TENANT, EnqueueRequest, Queue, RunQuery, RunStatus, Runs, SystemClock};
 use wasq_server::StoreBackend;
 use wasq_store_redis::RedisStore;
 use wasq_store_redis::testing::{RedisOptions, RedisServer};

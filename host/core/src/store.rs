@@ -4,17 +4,22 @@ use serde::{Deserialize, Serialize};
 use crate::clock::Millis;
 use crate::model::*;
 
-/// The boundary every queue backend implements. Each method is one atomic transition;
-/// those taken on behalf of an attempt carry its [`Lease`] and fail with
-/// [`StoreError::LeaseLost`] once another attempt has taken the run over.
+/// Functions and their components: what can be run.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Registry: Send + Sync + 'static {
     /// Stores the component under its digest and creates or replaces the function.
     async fn deploy(&self, req: DeployRequest) -> Result<Function, StoreError>;
     async fn function(&self, tenant: &str, name: &str) -> Result<Option<Function>, StoreError>;
     async fn functions(&self, tenant: &str) -> Result<Vec<Function>, StoreError>;
     async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError>;
+}
 
+/// The run queue: admission, claims under a lease, what an attempt records and how it
+/// ends. Each method is one atomic transition; those taken on behalf of an attempt carry
+/// its [`Lease`] and fail with [`StoreError::LeaseLost`] once another attempt has taken
+/// the run over.
+#[async_trait]
+pub trait Queue: Send + Sync + 'static {
     /// Creates a queued run of an existing function (pinning its digest and settings), or
     /// returns the run created earlier with the same idempotency key. Applies the
     /// function's flow control ([`crate::flow`]): a run over its rate limit is created as
@@ -44,6 +49,20 @@ pub trait Store: Send + Sync + 'static {
     /// or release. A run whose cancellation was requested ends as cancelled instead,
     /// unless it succeeded.
     async fn finish(&self, lease: &Lease, outcome: Outcome) -> Result<Run, StoreError>;
+
+    /// Returns when a run may have become claimable (created, due, resumed, handed back)
+    /// or after `max`, whichever is first. Backends shared by several processes wake idle
+    /// workers through it; the default only sleeps, and the daemon also wakes its own
+    /// worker in-process.
+    async fn wait_for_work(&self, max: std::time::Duration) -> Result<(), StoreError> {
+        tokio::time::sleep(max).await;
+        Ok(())
+    }
+}
+
+/// What users do to runs and read of them: cancel, retry, listings, history.
+#[async_trait]
+pub trait Runs: Send + Sync + 'static {
     /// Cancels a run: at once unless it is running; a running run is marked, reported by
     /// [`Store::renew`] and ends as cancelled when its attempt ends. Either way its error
     /// becomes [`RunAction::cancel_error`] and its log gets [`RunAction::log_line`].
@@ -60,11 +79,6 @@ pub trait Store: Send + Sync + 'static {
         prefix: &str,
         limit: usize,
     ) -> Result<Vec<RunId>, StoreError>;
-    /// Records an event (once per id), starts a run of every subscribed function and
-    /// resumes every run waiting for a matching event. An event that would start runs
-    /// beyond the tenant's `max_queued` is refused as a whole ([`StoreError::QuotaExceeded`],
-    /// nothing recorded), so sending it again later works.
-    async fn send_event(&self, req: EventRequest) -> Result<EventSent, StoreError>;
 
     async fn run(&self, tenant: &str, id: &str) -> Result<Option<RunDetail>, StoreError>;
     /// Steps of a run in completion order, after the first `skip`, at most `limit`.
@@ -85,8 +99,6 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Option<StepRecord>, StoreError>;
     /// Newest first.
     async fn runs(&self, query: RunQuery) -> Result<Vec<Run>, StoreError>;
-    /// Deletes ended runs past their retention; returns how many.
-    async fn purge(&self, req: PurgeRequest) -> Result<usize, StoreError>;
     /// Log lines in the order written, after the first `skip`, at most `limit`.
     async fn logs(
         &self,
@@ -95,6 +107,23 @@ pub trait Store: Send + Sync + 'static {
         skip: usize,
         limit: usize,
     ) -> Result<Vec<LogLine>, StoreError>;
+}
+
+/// Events: recorded once per id, starting subscribers and resuming waiters.
+#[async_trait]
+pub trait Events: Send + Sync + 'static {
+    /// Records an event (once per id), starts a run of every subscribed function and
+    /// resumes every run waiting for a matching event. An event that would start runs
+    /// beyond the tenant's `max_queued` is refused as a whole ([`StoreError::QuotaExceeded`],
+    /// nothing recorded), so sending it again later works.
+    async fn send_event(&self, req: EventRequest) -> Result<EventSent, StoreError>;
+}
+
+/// What the backend holds: deleting ended runs past their retention, and how full it is.
+#[async_trait]
+pub trait Retention: Send + Sync + 'static {
+    /// Deletes ended runs past their retention; returns how many.
+    async fn purge(&self, req: PurgeRequest) -> Result<usize, StoreError>;
 
     /// How full the backend is (Redis: `used_memory` of `maxmemory`), for the server's
     /// store guard; `None` when it has no bound it knows of (the embedded store: the
@@ -102,16 +131,19 @@ pub trait Store: Send + Sync + 'static {
     async fn capacity(&self) -> Result<Option<Capacity>, StoreError> {
         Ok(None)
     }
-
-    /// Returns when a run may have become claimable (created, due, resumed, handed back)
-    /// or after `max`, whichever is first. Backends shared by several processes wake idle
-    /// workers through it; the default only sleeps, and the daemon also wakes its own
-    /// worker in-process.
-    async fn wait_for_work(&self, max: std::time::Duration) -> Result<(), StoreError> {
-        tokio::time::sleep(max).await;
-        Ok(())
-    }
 }
+
+/// The boundary every queue backend implements, by capability: [`Registry`], [`Queue`],
+/// [`Runs`], [`Events`] and [`Retention`] (and [`crate::Directory`] for tenants, which
+/// with these makes a [`Backend`]). Implemented for every type that implements them all.
+pub trait Store: Registry + Queue + Runs + Events + Retention {}
+
+impl<T: Registry + Queue + Runs + Events + Retention> Store for T {}
+
+/// Everything the server holds of its backend, once: the store and the tenant directory.
+pub trait Backend: Store + crate::Directory {}
+
+impl<T: Store + crate::Directory> Backend for T {}
 
 #[derive(Debug, Clone)]
 pub struct DeployRequest {

@@ -38,7 +38,7 @@ const MAX_AUDIT_FIELD_BYTES: usize = 512;
 /// ([`audit_entry`]), so no entry can carry a terminal escape or forge a second line.
 pub(crate) async fn audit(app: &App, tenant: &str, caller: &Caller, action: &str, target: String) {
     let entry = audit_entry(app.now(), tenant, &caller.actor(), action, &target);
-    if let Err(e) = app.directory.audit(entry).await {
+    if let Err(e) = app.store.audit(entry).await {
         tracing::error!(error = %e, tenant, action, "could not write the audit trail");
     }
 }
@@ -77,7 +77,7 @@ async fn tenant_for(app: &App, caller: &Caller, tenant: &str) -> Result<Tenant, 
         Caller::Tenant { tenant: own, .. } => own == tenant,
     };
     let found = if visible {
-        app.directory.tenant(tenant).await?
+        app.store.tenant(tenant).await?
     } else {
         None
     };
@@ -111,7 +111,7 @@ async fn create_tenant(
         ));
     }
     let tenant = app
-        .directory
+        .store
         .create_tenant(Tenant {
             name: req.name,
             created_at: app.now(),
@@ -142,8 +142,8 @@ async fn list_tenants(
 ) -> Result<Json<Vec<TenantView>>, ApiError> {
     admin_only(&caller)?;
     let mut out = vec![];
-    for tenant in app.directory.tenants().await? {
-        let usage = app.directory.usage(&tenant.name).await?;
+    for tenant in app.store.tenants().await? {
+        let usage = app.store.usage(&tenant.name).await?;
         out.push(TenantView { tenant, usage });
     }
     Ok(Json(out))
@@ -155,7 +155,7 @@ async fn get_tenant(
     Path(tenant): Path<String>,
 ) -> Result<Json<TenantView>, ApiError> {
     let tenant = tenant_for(&app, &caller, &tenant).await?;
-    let usage = app.directory.usage(&tenant.name).await?;
+    let usage = app.store.usage(&tenant.name).await?;
     Ok(Json(TenantView { tenant, usage }))
 }
 
@@ -168,7 +168,7 @@ async fn set_quotas(
     admin_only(&caller)?;
     let quotas: Quotas = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request("bad_quotas", format!("quotas: {e}")))?;
-    let tenant = app.directory.set_quotas(&tenant, quotas).await?;
+    let tenant = app.store.set_quotas(&tenant, quotas).await?;
     audit(
         &app,
         &tenant.name,
@@ -255,7 +255,7 @@ pub(crate) async fn new_key(
         created_at: app.now(),
         revoked_at: None,
     };
-    app.directory.create_key(stored.clone()).await?;
+    app.store.create_key(stored.clone()).await?;
     Ok((key, stored))
 }
 
@@ -265,7 +265,7 @@ async fn list_keys(
     Path(tenant): Path<String>,
 ) -> Result<Json<Vec<KeyView>>, ApiError> {
     let tenant = tenant_for(&app, &caller, &tenant).await?;
-    let keys = app.directory.keys(&tenant.name).await?;
+    let keys = app.store.keys(&tenant.name).await?;
     Ok(Json(keys.into_iter().map(KeyView::from).collect()))
 }
 
@@ -278,14 +278,11 @@ async fn revoke_key(
     // Revoking a revoked key answers as before and changes nothing: nothing to audit.
     // (Read first: the revocation time cannot tell, two revocations may share a ms.)
     let was_revoked = app
-        .directory
+        .store
         .key(&id)
         .await?
         .is_some_and(|k| k.tenant == tenant.name && k.revoked_at.is_some());
-    let key = app
-        .directory
-        .revoke_key(&tenant.name, &id, app.now())
-        .await?;
+    let key = app.store.revoke_key(&tenant.name, &id, app.now()).await?;
     if !was_revoked {
         audit(&app, &tenant.name, &caller, "key.revoke", id).await;
     }
@@ -318,9 +315,7 @@ async fn audit_log(
             Some(t)
         }
     };
-    Ok(Json(
-        app.directory.audit_log(tenant.as_deref(), limit).await?,
-    ))
+    Ok(Json(app.store.audit_log(tenant.as_deref(), limit).await?))
 }
 
 #[cfg(test)]

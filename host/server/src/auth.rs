@@ -142,7 +142,7 @@ pub async fn authenticate(State(app): State<Arc<App>>, mut req: Request, next: N
         let Some(id) = key_id(key) else {
             return unauthorized("the API key is malformed");
         };
-        let stored = match app.directory.key(id).await {
+        let stored = match app.store.key(id).await {
             Ok(k) => k,
             Err(e) => return ApiError::from(e).into_response(),
         };

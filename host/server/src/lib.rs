@@ -33,7 +33,7 @@ use std::sync::Arc;
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use wasq_core::{Clock, Directory, Store};
+use wasq_core::{Backend, Clock};
 use wasq_sandbox::Sandbox;
 use wasq_store_redis::RedisStore;
 use wasq_store_sqlite::SqliteStore;
@@ -52,9 +52,8 @@ pub use wasq_core::MAX_MEMORY_FLOOR;
 /// What the API handlers and the worker share.
 pub(crate) struct App {
     pub config: Config,
-    pub store: Arc<dyn Store>,
-    /// Tenants and keys; the same backend as `store`.
-    pub directory: Arc<dyn Directory>,
+    /// The backend: runs, functions, events, and tenants and keys.
+    pub store: Arc<dyn Backend>,
     pub keyring: auth::Keyring,
     pub sandbox: Sandbox,
     /// Wakes an idle worker when a run is created in this process.
@@ -178,7 +177,7 @@ pub(crate) async fn assemble(
     // One clock for everything in the process: the store's, the sandbox's and ours.
     config.sandbox.clock = config.clock.clone();
     datadir::prepare(&config.data_dir, config.sandbox.cache_dir.as_deref())?;
-    let (store, directory, lock) = open_store(&config, shutdown).await?;
+    let (store, lock) = open_store(&config, shutdown).await?;
     let (keyring, admin_key) = keyring(&config)?;
     let sandbox = Sandbox::new(config.sandbox.clone())?;
     let listener = match config.listen {
@@ -199,7 +198,6 @@ pub(crate) async fn assemble(
         worker_id: format!("{}-{}", hostname(), std::process::id()),
         config,
         store,
-        directory,
         keyring,
         sandbox,
         wake: Notify::new(),
@@ -230,7 +228,7 @@ pub(crate) async fn assemble(
 /// Opens the configured backend. The embedded store takes the data folder's lock and
 /// recovers runs a dead predecessor left leased; Redis is shared, so neither applies there
 /// (expired leases are reclaimed by whichever worker claims next).
-type Opened = (Arc<dyn Store>, Arc<dyn Directory>, Option<std::fs::File>);
+type Opened = (Arc<dyn Backend>, Option<std::fs::File>);
 
 async fn open_store(config: &Config, shutdown: &CancellationToken) -> Result<Opened, ServerError> {
     match &config.store {
@@ -248,11 +246,11 @@ async fn open_store(config: &Config, shutdown: &CancellationToken) -> Result<Ope
                 );
             }
             let store = Arc::new(store);
-            Ok((store.clone(), store, Some(lock)))
+            Ok((store, Some(lock)))
         }
         StoreBackend::Memory => {
             let store = Arc::new(wasq_store_memory::MemoryStore::new(config.clock.clone()));
-            Ok((store.clone(), store, None))
+            Ok((store, None))
         }
         StoreBackend::Redis(target) => {
             let store = connect_redis(target, config.clock.clone(), shutdown).await?;
@@ -260,7 +258,7 @@ async fn open_store(config: &Config, shutdown: &CancellationToken) -> Result<Ope
                 tracing::warn!("{warning}");
             }
             let store = Arc::new(store);
-            Ok((store.clone(), store, None))
+            Ok((store, None))
         }
     }
 }
@@ -352,7 +350,7 @@ async fn dev_tenant_key(app: &App) -> Result<String, ServerError> {
     use wasq_core::{DEFAULT_TENANT, StoreError, Tenant};
     let tenant = DEFAULT_TENANT;
     match app
-        .directory
+        .store
         .create_tenant(Tenant {
             name: tenant.into(),
             created_at: app.now(),
@@ -367,7 +365,7 @@ async fn dev_tenant_key(app: &App) -> Result<String, ServerError> {
     if let Ok(key) = std::fs::read_to_string(&path) {
         let key = key.trim();
         if let Some(id) = auth::key_id(key)
-            && let Some(stored) = app.directory.key(id).await?
+            && let Some(stored) = app.store.key(id).await?
             && stored.tenant == tenant
             && stored.revoked_at.is_none()
             && app.keyring.matches(key, &stored.hmac)

@@ -59,8 +59,8 @@ pub(crate) async fn scrape(
         });
     }
     let mut usage = vec![];
-    for t in app.directory.tenants().await? {
-        let u = app.directory.usage(&t.name).await?;
+    for t in app.store.tenants().await? {
+        let u = app.store.usage(&t.name).await?;
         usage.push((t.name, t.quotas, u));
     }
     let m = &app.metrics;

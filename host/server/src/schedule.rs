@@ -50,7 +50,7 @@ const LOOKBACK_MS: Millis = cron::SEARCH_YEARS as Millis * 366 * 24 * 3600 * 100
 pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
     let mut tasks: HashMap<String, JoinHandle<()>> = HashMap::new();
     loop {
-        match app.directory.tenants().await {
+        match app.store.tenants().await {
             Ok(tenants) => {
                 let names: HashSet<String> = tenants.into_iter().map(|t| t.name).collect();
                 tasks.retain(|name, task| {

@@ -304,7 +304,7 @@ impl QuotaCache {
         {
             return *q;
         }
-        let quotas = match app.directory.tenant(tenant).await {
+        let quotas = match app.store.tenant(tenant).await {
             Ok(Some(t)) => t.quotas,
             Ok(None) => app.config.default_quotas,
             Err(e) => {

@@ -110,7 +110,7 @@ impl MemoryStore {
 }
 
 #[async_trait]
-impl Store for MemoryStore {
+impl Registry for MemoryStore {
     async fn deploy(&self, req: DeployRequest) -> Result<Function, StoreError> {
         self.with(|st, now| storage::deploy(st, now, req))
     }
@@ -132,7 +132,10 @@ impl Store for MemoryStore {
     async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.with(|st, _| Ok(st.components.get(digest).cloned()))
     }
+}
 
+#[async_trait]
+impl Queue for MemoryStore {
     async fn enqueue(&self, req: EnqueueRequest) -> Result<Enqueued, StoreError> {
         self.with(|st, now| admission::enqueue(st, now, req))
     }
@@ -152,7 +155,10 @@ impl Store for MemoryStore {
     async fn finish(&self, lease: &Lease, outcome: Outcome) -> Result<Run, StoreError> {
         self.with(|st, now| transition::finish(st, now, lease, outcome))
     }
+}
 
+#[async_trait]
+impl Runs for MemoryStore {
     async fn cancel(&self, req: RunAction) -> Result<Run, StoreError> {
         self.with(|st, now| transition::cancel(st, now, &req))
     }
@@ -168,10 +174,6 @@ impl Store for MemoryStore {
         limit: usize,
     ) -> Result<Vec<RunId>, StoreError> {
         self.with(|st, _| Ok(queries::run_ids(st, tenant, prefix, limit)))
-    }
-
-    async fn send_event(&self, req: EventRequest) -> Result<EventSent, StoreError> {
-        self.with(|st, now| waits::send_event(st, now, req))
     }
 
     async fn run(&self, tenant: &str, id: &str) -> Result<Option<RunDetail>, StoreError> {
@@ -202,10 +204,6 @@ impl Store for MemoryStore {
         self.with(|st, _| Ok(queries::runs(st, &query)))
     }
 
-    async fn purge(&self, req: PurgeRequest) -> Result<usize, StoreError> {
-        self.with(|st, now| Ok(storage::purge(st, now, req)))
-    }
-
     async fn logs(
         &self,
         tenant: &str,
@@ -214,5 +212,19 @@ impl Store for MemoryStore {
         limit: usize,
     ) -> Result<Vec<LogLine>, StoreError> {
         self.with(|st, _| Ok(queries::logs(st, tenant, id, skip, limit)))
+    }
+}
+
+#[async_trait]
+impl Events for MemoryStore {
+    async fn send_event(&self, req: EventRequest) -> Result<EventSent, StoreError> {
+        self.with(|st, now| waits::send_event(st, now, req))
+    }
+}
+
+#[async_trait]
+impl Retention for MemoryStore {
+    async fn purge(&self, req: PurgeRequest) -> Result<usize, StoreError> {
+        self.with(|st, now| Ok(storage::purge(st, now, req)))
     }
 }

@@ -568,7 +568,7 @@ impl RedisStore {
 }
 
 #[async_trait]
-impl Store for RedisStore {
+impl Registry for RedisStore {
     async fn deploy(&self, req: DeployRequest) -> Result<Function, StoreError> {
         self.deploy_function(req).await
     }
@@ -584,7 +584,10 @@ impl Store for RedisStore {
     async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.read_component(digest).await
     }
+}
 
+#[async_trait]
+impl Queue for RedisStore {
     async fn enqueue(&self, req: EnqueueRequest) -> Result<Enqueued, StoreError> {
         self.admit_run(req).await
     }
@@ -605,6 +608,13 @@ impl Store for RedisStore {
         self.finish_attempt(lease, outcome).await
     }
 
+    async fn wait_for_work(&self, max: Duration) -> Result<(), StoreError> {
+        self.wait_for_due(max).await
+    }
+}
+
+#[async_trait]
+impl Runs for RedisStore {
     async fn cancel(&self, req: RunAction) -> Result<Run, StoreError> {
         self.cancel_run(req).await
     }
@@ -620,10 +630,6 @@ impl Store for RedisStore {
         limit: usize,
     ) -> Result<Vec<RunId>, StoreError> {
         self.ids_with_prefix(tenant, prefix, limit).await
-    }
-
-    async fn send_event(&self, req: EventRequest) -> Result<EventSent, StoreError> {
-        self.deliver_event(req).await
     }
 
     async fn run(&self, tenant: &str, id: &str) -> Result<Option<RunDetail>, StoreError> {
@@ -654,10 +660,6 @@ impl Store for RedisStore {
         self.list_runs(q).await
     }
 
-    async fn purge(&self, req: PurgeRequest) -> Result<usize, StoreError> {
-        self.purge_ended(req).await
-    }
-
     async fn logs(
         &self,
         tenant: &str,
@@ -667,13 +669,23 @@ impl Store for RedisStore {
     ) -> Result<Vec<LogLine>, StoreError> {
         self.log_page(tenant, id, skip, limit).await
     }
+}
+
+#[async_trait]
+impl Events for RedisStore {
+    async fn send_event(&self, req: EventRequest) -> Result<EventSent, StoreError> {
+        self.deliver_event(req).await
+    }
+}
+
+#[async_trait]
+impl Retention for RedisStore {
+    async fn purge(&self, req: PurgeRequest) -> Result<usize, StoreError> {
+        self.purge_ended(req).await
+    }
 
     async fn capacity(&self) -> Result<Option<Capacity>, StoreError> {
         self.used_memory().await
-    }
-
-    async fn wait_for_work(&self, max: Duration) -> Result<(), StoreError> {
-        self.wait_for_due(max).await
     }
 }
 

@@ -145,7 +145,7 @@ impl SqliteStore {
 }
 
 #[async_trait]
-impl Store for SqliteStore {
+impl Registry for SqliteStore {
     async fn deploy(&self, req: DeployRequest) -> Result<Function, StoreError> {
         self.tx(move |tx, now| {
             // A function is charged its component's size: replacing one charges the
@@ -223,7 +223,10 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl Queue for SqliteStore {
     async fn enqueue(&self, req: EnqueueRequest) -> Result<Enqueued, StoreError> {
         let admission = if req.parent.is_some() {
             Admission::Child
@@ -369,7 +372,10 @@ impl Store for SqliteStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl Runs for SqliteStore {
     async fn cancel(&self, req: RunAction) -> Result<Run, StoreError> {
         self.tx(move |tx, now| {
             let id = &req.id;
@@ -434,10 +440,6 @@ impl Store for SqliteStore {
             rows.collect::<Result<_, _>>().map_err(internal)
         })
         .await
-    }
-
-    async fn send_event(&self, req: EventRequest) -> Result<EventSent, StoreError> {
-        self.tx(move |tx, now| send_event(tx, now, req)).await
     }
 
     async fn run(&self, tenant: &str, id: &str) -> Result<Option<RunDetail>, StoreError> {
@@ -513,10 +515,6 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn purge(&self, req: PurgeRequest) -> Result<usize, StoreError> {
-        self.tx(move |tx, now| storage::purge(tx, now, req)).await
-    }
-
     async fn logs(
         &self,
         tenant: &str,
@@ -554,5 +552,19 @@ impl Store for SqliteStore {
             rows.collect::<Result<_, _>>().map_err(internal)
         })
         .await
+    }
+}
+
+#[async_trait]
+impl Events for SqliteStore {
+    async fn send_event(&self, req: EventRequest) -> Result<EventSent, StoreError> {
+        self.tx(move |tx, now| send_event(tx, now, req)).await
+    }
+}
+
+#[async_trait]
+impl Retention for SqliteStore {
+    async fn purge(&self, req: PurgeRequest) -> Result<usize, StoreError> {
+        self.tx(move |tx, now| storage::purge(tx, now, req)).await
     }
 }

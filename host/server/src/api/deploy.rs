@@ -219,7 +219,7 @@ pub(crate) async fn deploy(
         ));
     }
     let quotas = app
-        .directory
+        .store
         .tenant(&scope.tenant)
         .await?
         .map_or(app.config.default_quotas, |t| t.quotas);
