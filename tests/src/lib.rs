@@ -100,6 +100,10 @@ pub fn test_config(data_dir: PathBuf) -> wasq_server::Config {
         c.sandbox.compiler = wasq_server::Compiler::Program(helper);
     }
     c.shutdown_grace = Duration::from_secs(5);
+    // A JS or Python component (10-30 MB) compiled by a debug build on 2 cores, beside the
+    // other languages' tests doing the same, can take more than the 60 s default (seen:
+    // languages.rs failing on a loaded machine). The limit itself is tested in uploads.rs.
+    c.sandbox.compile_timeout = Duration::from_secs(300);
     c
 }
 
