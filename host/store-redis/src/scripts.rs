@@ -26,7 +26,7 @@
 use std::sync::LazyLock;
 
 use redis::Script;
-use wasq_core::IDEMPOTENCY_WINDOW_MS;
+use wasq_core::{IDEMPOTENCY_WINDOW_MS, RunStatus, lifecycle};
 
 use crate::decode::RUN_FIELDS;
 
@@ -72,7 +72,19 @@ fn placeholders() -> Vec<(&'static str, String)> {
         ("@REAP_BATCH@", REAP_BATCH.to_string()),
         ("@PROMOTE_BATCH@", PROMOTE_BATCH.to_string()),
         ("@PARK_BUDGET@", PARK_BUDGET.to_string()),
+        ("@CLAIM_QUEUED@", claim_step(RunStatus::Queued)),
+        ("@CLAIM_SLEEPING@", claim_step(RunStatus::Sleeping)),
     ]
+}
+
+/// `lifecycle::claimed_attempt` for a run in `status`, as the claim script applies it:
+/// `delta, 'resumed', lowest`, meaning `max(attempt + delta, lowest)`. The unit test below
+/// checks the table gives what core gives for every attempt number it tries.
+fn claim_step(status: RunStatus) -> String {
+    let (from_five, resumed) = lifecycle::claimed_attempt(status, 5);
+    let (from_zero, _) = lifecycle::claimed_attempt(status, 0);
+    let delta = i64::from(from_five) - 5;
+    format!("{delta}, '{}', {from_zero}", u8::from(resumed))
 }
 
 /// A script from `src` with its placeholders filled in.
@@ -260,6 +272,19 @@ mod tests {
         ];
         for s in all {
             assert_eq!(s.get_hash().len(), 40);
+        }
+        // The claim's attempt table is core's rule, for every attempt tried.
+        for status in [RunStatus::Queued, RunStatus::Sleeping] {
+            let step = claim_step(status);
+            let parts: Vec<&str> = step.split(", ").collect();
+            let delta: i64 = parts[0].parse().unwrap();
+            let lowest: i64 = parts[2].parse().unwrap();
+            for attempt in 0..50u32 {
+                let (want, resumed) = lifecycle::claimed_attempt(status, attempt);
+                let got = (i64::from(attempt) + delta).max(lowest);
+                assert_eq!(got, i64::from(want), "{status} from attempt {attempt}");
+                assert_eq!(parts[1], if resumed { "'1'" } else { "'0'" });
+            }
         }
         let err = std::panic::catch_unwind(|| script("return '@NOPE@'")).unwrap_err();
         let msg = err.downcast_ref::<String>().unwrap();

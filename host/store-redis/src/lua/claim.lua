@@ -1,3 +1,6 @@
+-- What a claim starts from a run in each claimable status: (attempt delta, resumed, lowest
+-- attempt), computed in scripts.rs from wasq_core::lifecycle::claimed_attempt.
+local CLAIM_STEP = { queued = { @CLAIM_QUEUED@ }, sleeping = { @CLAIM_SLEEPING@ } }
 local LIMIT, LEASE, WORKER, WORKER_JSON = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], ARGV[8]
 local wake = 0
 -- Runs whose worker stopped renewing. What becomes of each (queued again, failed for
@@ -109,14 +112,10 @@ while #out < room and parks > 0 do
     parks = parks - 1
   else
     if throttled then window_log(tgate, tonumber(tlimit)) end
-    -- Waking from a sleep continues the attempt; anything else starts one.
-    local n, resumed = tonumber(attempt), '0'
-    if status == 'sleeping' then
-      resumed = '1'
-      if n < 1 then n = 1 end
-    else
-      n = n + 1
-    end
+    -- The attempt this claim starts, and whether it resumes one: core's rule
+    -- (wasq_core::lifecycle::claimed_attempt) as a table by status, CLAIM_STEP.
+    local step = CLAIM_STEP[status]
+    local n, resumed = math.max(tonumber(attempt) + step[1], step[3]), step[2]
     move(id, 'running', { 'attempt', I(n), 'resumed', resumed,
       'lease_expires_at', I(NOW + LEASE), 'worker', WORKER,
       'lease_token', I(tonumber(r[13] or '0') + 1) }, r)
