@@ -94,10 +94,10 @@ pub(crate) fn claim_round_robin(
                     parks: &mut usize,
                     claimed: &mut Vec<Claimed>|
      -> Result<Option<Turn>, StoreError> {
-        let Some(id) = next_startable(tx, &turn.tenant, now, parks)? else {
+        let Some(head) = next_startable(tx, &turn.tenant, now, parks)? else {
             return Ok(None);
         };
-        claimed.push(lease_run(tx, &id, &req.worker, now, expires_at)?);
+        claimed.push(lease_run(tx, head, &req.worker, now, expires_at)?);
         last = Some(turn.tenant.clone());
         turn.room -= 1;
         Ok((turn.room > 0).then_some(turn))
@@ -152,6 +152,14 @@ pub(crate) fn claim_round_robin(
     Ok((claimed, last))
 }
 
+/// A run in its lane that its gates let start, with what the claim needs of it (read
+/// by the lane query already).
+pub(crate) struct Startable {
+    id: String,
+    status: String,
+    attempt: u32,
+}
+
 /// The tenant's best-ranked run in its lane that its gates let start now. Runs whose
 /// concurrency key is full or whose throttle window is full (first starts only) are
 /// parked on that gate on the way; `None` when none is left or `parks` ran out.
@@ -160,7 +168,7 @@ pub(crate) fn next_startable(
     tenant: &str,
     now: i64,
     parks: &mut usize,
-) -> Result<Option<String>, StoreError> {
+) -> Result<Option<Startable>, StoreError> {
     loop {
         if *parks == 0 {
             return Ok(None);
@@ -237,7 +245,11 @@ pub(crate) fn next_startable(
             }
             log_window(tx, tenant, &gate, now)?;
         }
-        return Ok(Some(id));
+        return Ok(Some(Startable {
+            id,
+            status,
+            attempt,
+        }));
     }
 }
 
@@ -250,23 +262,17 @@ pub(crate) fn park(tx: &Connection, id: &str, gate: &str) -> Result<(), StoreErr
     Ok(())
 }
 
-/// Leases run `id` (in the lane, let through by its gates) to `worker`.
+/// Leases `run` (in the lane, let through by its gates) to `worker`.
 pub(crate) fn lease_run(
     tx: &Connection,
-    id: &str,
+    run: Startable,
     worker: &str,
     now: i64,
     expires_at: i64,
 ) -> Result<Claimed, StoreError> {
-    let (status, attempt): (String, u32) = tx
-        .query_row(
-            "SELECT status, attempt FROM runs WHERE id = ?1",
-            [id],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .map_err(internal)?;
-    let status: RunStatus = status.parse().map_err(StoreError::Internal)?;
-    let (attempt, resumed) = lifecycle::claimed_attempt(status, attempt);
+    let id = run.id.as_str();
+    let status: RunStatus = run.status.parse().map_err(StoreError::Internal)?;
+    let (attempt, resumed) = lifecycle::claimed_attempt(status, run.attempt);
     let token: u64 = tx
         .query_row(
             "UPDATE runs SET status = 'running', attempt = ?5, resumed = ?6,
