@@ -156,6 +156,33 @@ async fn tenant_b_cannot_see_or_touch_anything_of_tenant_a() {
         metrics.contains("wasq_attempts_total{tenant=\"acme\",outcome=\"succeeded\"}"),
         "{metrics}"
     );
+    // Every attempt of A's records its guest's peak memory: the histogram counts them
+    // all, and the echo guest's attempts fit the 4 MiB bucket.
+    let value = |line: &str| -> f64 {
+        let rest = metrics
+            .split(line)
+            .nth(1)
+            .unwrap_or_else(|| panic!("{line}: {metrics}"));
+        rest.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let attempts: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("wasq_attempts_total{tenant=\"acme\""))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert!(attempts >= 3.0, "{metrics}");
+    let bucket = |le: &str| {
+        value(&format!(
+            "wasq_attempt_peak_memory_bytes_bucket{{tenant=\"acme\",le=\"{le}\"}} "
+        ))
+    };
+    assert_eq!(bucket("+Inf"), attempts, "{metrics}");
+    assert!(bucket("4194304") >= 1.0, "{metrics}");
+    let sum = value("wasq_attempt_peak_memory_bytes_sum{tenant=\"acme\"} ");
+    assert!(
+        sum >= 65536.0 * attempts,
+        "one 64 KiB page at least per attempt: {metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

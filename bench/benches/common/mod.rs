@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 use wasq_core::{Limits, LogLine, Progress};
-use wasq_sandbox::{AttemptSpec, Journal, RunInfo};
+use wasq_sandbox::{AttemptSpec, Journal, JournalError, RunInfo};
 
 /// A first attempt of the `hello` task (any language's) greeting Ada, under `limits`.
 pub fn hello_spec(digest: &str, journal: Arc<dyn Journal>, limits: Limits) -> AttemptSpec {
@@ -33,17 +33,17 @@ pub struct NoJournal;
 
 #[async_trait::async_trait]
 impl Journal for NoJournal {
-    async fn complete_step(&self, _: &str, _: u32, _: &[u8]) -> Result<(), String> {
+    async fn complete_step(&self, _: &str, _: u32, _: &[u8]) -> Result<(), JournalError> {
         Ok(())
     }
-    async fn send_event(&self, _: &str, _: serde_json::Value, _: &str) -> Result<(), String> {
+    async fn send_event(&self, _: &str, _: serde_json::Value, _: &str) -> Result<(), JournalError> {
         Ok(())
     }
-    async fn start_run(&self, _: &str, _: &[u8], _: &str) -> Result<String, String> {
-        Err("the benchmark starts no runs".into())
+    async fn start_run(&self, _: &str, _: &[u8], _: &str) -> Result<String, JournalError> {
+        Err(JournalError::Failed("the benchmark starts no runs".into()))
     }
-    async fn load_step(&self, _: &str, _: u32) -> Result<Vec<u8>, String> {
-        Err("no stored steps here".into())
+    async fn load_step(&self, _: &str, _: u32) -> Result<Vec<u8>, JournalError> {
+        Err(JournalError::Failed("no stored steps here".into()))
     }
     fn log(&self, _: LogLine) {}
     fn progress(&self, _: Progress) {}

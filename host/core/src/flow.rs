@@ -25,6 +25,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::clock::Millis;
+
 mod key;
 
 pub use key::KeyExpr;
@@ -127,6 +129,26 @@ pub struct Gate {
     pub limit: u32,
     /// 0 for concurrency.
     pub period_ms: u64,
+}
+
+impl Gate {
+    /// Whether a concurrency gate with `running` runs holding it lets no other run start.
+    pub fn is_full(&self, running: u64) -> bool {
+        running >= u64::from(self.limit)
+    }
+
+    /// When a window gate (throttle, rate limit) opens again, given its `limit`-th newest
+    /// entry (`None`: it has fewer): `None` while it is open now. The entry leaves the
+    /// window `period_ms` after it was made, and the gate opens with it.
+    pub fn closed_until(&self, limit_th_newest: Option<Millis>, now: Millis) -> Option<Millis> {
+        let opens = limit_th_newest? + self.period_ms as Millis;
+        (opens > now).then_some(opens)
+    }
+
+    /// Entries older than this have left the window at `now` and may be forgotten.
+    pub fn window_start(&self, now: Millis) -> Millis {
+        now - self.period_ms as Millis
+    }
 }
 
 /// What the store applies when it creates a run: [`FlowControl`] evaluated for its input.

@@ -7,9 +7,10 @@
 //! overrides it), what a lost lease does (requeue, or fail past its cap), the resolution a
 //! run's waiters receive once it ended, which statuses a cancel or a manual retry accepts
 //! and the budget a retry grants, the attempt number a claim starts, and admission against
-//! `max_queued`. What does not: indexes, leases and fences, storage accounting (see
-//! [`crate::storage`]) and flow-control gates (see [`crate::flow`]), which are mechanics of
-//! each backend or have their own module.
+//! `max_queued`, and which starts a throttle counts and which runs a debounce key may
+//! replace. What does not: indexes, leases and fences, storage accounting (see
+//! [`crate::storage`]) and when a flow-control gate is full (see [`crate::flow::Gate`]),
+//! which are mechanics of each backend or have their own module.
 
 use crate::clock::Millis;
 use crate::flow::FlowPlan;
@@ -292,6 +293,23 @@ pub fn claimed_attempt(status: RunStatus, attempt: u32) -> (u32, bool) {
     } else {
         (attempt + 1, false)
     }
+}
+
+/// Whether starting a run in `status` at `attempt` counts against its throttle: only
+/// first starts do (a run that never started); a retry or a resume after a sleep or a
+/// wait is not throttled.
+pub fn throttles_start(status: RunStatus, attempt: u32) -> bool {
+    never_started(status, attempt)
+}
+
+/// Whether a run in `status` at `attempt` is still pending for its debounce key, so that a
+/// newer run with the same key replaces it: only while it never started.
+pub fn debounce_replaces(status: RunStatus, attempt: u32) -> bool {
+    never_started(status, attempt)
+}
+
+fn never_started(status: RunStatus, attempt: u32) -> bool {
+    status == RunStatus::Queued && attempt == 0
 }
 
 /// What the runs waiting on a run that ended receive; `None` while it has not ended.

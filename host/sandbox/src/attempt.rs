@@ -192,10 +192,18 @@ pub(crate) async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant
 
 /// An attempt that lost ownership ends as abandoned however the guest stopped (a
 /// refused effect traps it; a refused request makes it fail or go on until the next
-/// epoch tick): nothing it did after that may be recorded as its end.
+/// epoch tick): nothing it did after that may be recorded as its end. One whose effect a
+/// storage quota refused fails for good with reason `storage_quota`, whatever the guest
+/// made of the refusal: it cannot go on, and a retry would meet the same quota.
 pub(crate) fn abandoned(ownership: &host::Ownership, outcome: AttemptOutcome) -> AttemptOutcome {
-    match ownership.lost() {
-        Some(why) => AttemptOutcome::Abandoned(why),
+    if let Some(why) = ownership.lost() {
+        return AttemptOutcome::Abandoned(why);
+    }
+    match ownership.storage_refused() {
+        Some(why) => AttemptOutcome::Failed(AttemptError {
+            error: RunError::new(ErrorReason::StorageQuota, why),
+            retry_after_ms: None,
+        }),
         None => outcome,
     }
 }

@@ -22,7 +22,7 @@ use wasq_core::{
 
 use crate::egress::{self, EgressConfig};
 use crate::limits::{MemoryLimiter, Stop};
-use crate::{Journal, RunInfo};
+use crate::{Journal, JournalError, RunInfo};
 
 /// The generated bindings of the `wasq:task` world (its package `wasq:task` becomes
 /// `bindings::wasq::task`; the CLI crate is also called `wasq`, hence the wrapper).
@@ -151,7 +151,10 @@ impl State {
             limiter: MemoryLimiter::new(p.memory_limit),
             logs,
             info: p.info,
-            journal: p.journal,
+            journal: Arc::new(Noted {
+                inner: p.journal,
+                ownership: ownership.clone(),
+            }),
             ownership,
             replay,
             occurrences: HashMap::new(),
@@ -248,11 +251,13 @@ impl progress::Host for State {
 }
 
 /// Whether the attempt still owns its run, as its journal says (see
-/// [`Journal::ensure_owned`]). The first refusal sticks: from then on every effect is
-/// refused and the epoch callback stops the guest.
+/// [`Journal::ensure_owned`]), and whether a storage quota refused one of its effects.
+/// The first refusal of each kind sticks: once ownership is lost every effect is refused
+/// and the epoch callback stops the guest.
 pub(crate) struct Ownership {
     journal: Arc<dyn Journal>,
     lost: OnceLock<String>,
+    storage_refused: OnceLock<String>,
 }
 
 impl Ownership {
@@ -260,12 +265,18 @@ impl Ownership {
         Arc::new(Ownership {
             journal,
             lost: OnceLock::new(),
+            storage_refused: OnceLock::new(),
         })
     }
 
     /// Why ownership was lost, once it was.
     pub(crate) fn lost(&self) -> Option<String> {
         self.lost.get().cloned()
+    }
+
+    /// Why a storage quota refused an effect, once one did.
+    pub(crate) fn storage_refused(&self) -> Option<String> {
+        self.storage_refused.get().cloned()
     }
 
     /// Asks the journal before an effect; `Err(why)` once it refuses.
@@ -277,5 +288,81 @@ impl Ownership {
             let _ = self.lost.set(why);
             self.lost.get().cloned().unwrap_or_default()
         })
+    }
+
+    /// Notes what a failed journal call says about the attempt.
+    fn note(&self, e: &JournalError) {
+        match e {
+            JournalError::LeaseLost(why) => {
+                let _ = self.lost.set(why.clone());
+            }
+            JournalError::StorageQuota(why) => {
+                let _ = self.storage_refused.set(why.clone());
+            }
+            JournalError::Failed(_) => {}
+        }
+    }
+}
+
+/// The journal as the host functions use it: every failed call is noted on the attempt's
+/// [`Ownership`] on its way to the guest, so what the guest makes of it cannot change how
+/// the attempt ends.
+struct Noted {
+    inner: Arc<dyn Journal>,
+    ownership: Arc<Ownership>,
+}
+
+impl Noted {
+    fn seen<T>(&self, r: Result<T, JournalError>) -> Result<T, JournalError> {
+        if let Err(e) = &r {
+            self.ownership.note(e);
+        }
+        r
+    }
+}
+
+#[async_trait::async_trait]
+impl Journal for Noted {
+    async fn complete_step(
+        &self,
+        name: &str,
+        occurrence: u32,
+        output: &[u8],
+    ) -> Result<(), JournalError> {
+        self.seen(self.inner.complete_step(name, occurrence, output).await)
+    }
+
+    async fn send_event(
+        &self,
+        event: &str,
+        data: serde_json::Value,
+        id: &str,
+    ) -> Result<(), JournalError> {
+        self.seen(self.inner.send_event(event, data, id).await)
+    }
+
+    async fn start_run(
+        &self,
+        function: &str,
+        input: &[u8],
+        key: &str,
+    ) -> Result<String, JournalError> {
+        self.seen(self.inner.start_run(function, input, key).await)
+    }
+
+    async fn load_step(&self, name: &str, occurrence: u32) -> Result<Vec<u8>, JournalError> {
+        self.seen(self.inner.load_step(name, occurrence).await)
+    }
+
+    fn log(&self, line: LogLine) {
+        self.inner.log(line);
+    }
+
+    fn progress(&self, progress: Progress) {
+        self.inner.progress(progress);
+    }
+
+    fn ensure_owned(&self) -> Result<(), String> {
+        self.inner.ensure_owned()
     }
 }

@@ -182,13 +182,35 @@ pub struct AttemptSpec {
     pub max_outbound_requests: Option<u32>,
 }
 
+/// Why a [`Journal`] call failed. The kind decides what becomes of the attempt, whatever
+/// the guest makes of the error it sees (a child run or an event refused is returned to
+/// the guest, which may catch it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JournalError {
+    /// A storage quota (of the run or its tenant) refused the bytes: the attempt fails for
+    /// good with reason `storage_quota`, since a retry would meet the same quota.
+    #[error("{0}")]
+    StorageQuota(String),
+    /// The attempt no longer owns its run: it ends as [`AttemptOutcome::Abandoned`].
+    #[error("{0}")]
+    LeaseLost(String),
+    /// Anything else (the store unreachable, no such function): a step that cannot be
+    /// stored ends the attempt with reason `host`, which is retried.
+    #[error("{0}")]
+    Failed(String),
+}
+
 /// Where an attempt's durable effects go while it runs.
 #[async_trait::async_trait]
 pub trait Journal: Send + Sync {
-    /// Durably stores a step output before the guest continues. `Err(msg)` traps the
-    /// guest: the attempt ends with reason Host and that message.
-    async fn complete_step(&self, name: &str, occurrence: u32, output: &[u8])
-    -> Result<(), String>;
+    /// Durably stores a step output before the guest continues. An error traps the guest
+    /// (see [`JournalError`] for how the attempt ends).
+    async fn complete_step(
+        &self,
+        name: &str,
+        occurrence: u32,
+        output: &[u8],
+    ) -> Result<(), JournalError>;
     /// Sends an event (exactly once per `id`): starts subscribed functions, resumes
     /// waiting runs.
     async fn send_event(
@@ -196,12 +218,17 @@ pub trait Journal: Send + Sync {
         event: &str,
         data: serde_json::Value,
         id: &str,
-    ) -> Result<(), String>;
+    ) -> Result<(), JournalError>;
     /// Starts a child run of `function` (exactly once per `key`) and returns its id.
-    async fn start_run(&self, function: &str, input: &[u8], key: &str) -> Result<String, String>;
+    async fn start_run(
+        &self,
+        function: &str,
+        input: &[u8],
+        key: &str,
+    ) -> Result<String, JournalError>;
     /// Reads the output of a completed step that did not come with the attempt's steps
-    /// (too big to carry along). `Err(msg)` traps the guest with reason Host.
-    async fn load_step(&self, name: &str, occurrence: u32) -> Result<Vec<u8>, String>;
+    /// (too big to carry along). An error traps the guest.
+    async fn load_step(&self, name: &str, occurrence: u32) -> Result<Vec<u8>, JournalError>;
     /// Must not block: called from inside the guest's writes.
     fn log(&self, line: LogLine);
     fn progress(&self, progress: Progress);

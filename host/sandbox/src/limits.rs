@@ -75,7 +75,7 @@ pub(crate) enum Stop {
     Cancelled,
     /// The journal could not store a step: not the guest's fault.
     #[error("{0}")]
-    Journal(String),
+    Journal(crate::JournalError),
     /// The guest misused a host function.
     #[error("{0}")]
     Guest(String),
@@ -153,7 +153,11 @@ pub(crate) fn classify(err: &wasmtime::Error, end: Ending<'_>) -> AttemptError {
     match stop {
         Some(Stop::Timeout) => return timeout(end.timeout_ms),
         Some(Stop::Cancelled) => return cancelled(),
-        Some(Stop::Journal(msg)) => return failed(ErrorReason::Host, msg.clone()),
+        Some(Stop::Journal(crate::JournalError::StorageQuota(msg))) => {
+            return failed(ErrorReason::StorageQuota, msg.clone());
+        }
+        // A lost lease ends the attempt as abandoned before it is classified.
+        Some(Stop::Journal(e)) => return failed(ErrorReason::Host, e.to_string()),
         Some(Stop::Guest(msg)) => return failed(ErrorReason::Trap, msg.clone()),
         // Handled by the caller before classifying; reaching here is a bug, not the guest's.
         Some(Stop::Suspend(_) | Stop::Wait(_) | Stop::Abandoned(_)) => {

@@ -11,7 +11,9 @@ use std::time::Duration;
 use axum::extract::{Extension, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
 
 use crate::App;
 use crate::auth::Caller;
@@ -27,13 +29,26 @@ impl Metrics {
         let recorder = PrometheusBuilder::new()
             .set_buckets(&[0.001, 0.005, 0.025, 0.1, 0.5, 2.5, 10.0, 60.0, 300.0])
             .expect("static buckets are valid")
+            // 1 MiB to 4 GiB, by fours: what a guest's linear memory grows to.
+            .set_buckets_for_metric(
+                Matcher::Full("wasq_attempt_peak_memory_bytes".into()),
+                &[1, 4, 16, 64, 256, 1024, 4096].map(|mib: u32| f64::from(mib) * 1048576.0),
+            )
+            .expect("static buckets are valid")
             .build_recorder();
         let handle = recorder.handle();
         Metrics { recorder, handle }
     }
 
     /// An attempt ended in this process.
-    pub(crate) fn attempt(&self, tenant: &str, outcome: &'static str, took: Duration) {
+    /// `peak_memory_bytes`: the guest's highest linear memory in it.
+    pub(crate) fn attempt(
+        &self,
+        tenant: &str,
+        outcome: &'static str,
+        took: Duration,
+        peak_memory_bytes: u64,
+    ) {
         metrics::with_local_recorder(&self.recorder, || {
             let labels = [
                 ("tenant", tenant.to_owned()),
@@ -42,6 +57,8 @@ impl Metrics {
             metrics::counter!("wasq_attempts_total", &labels).increment(1);
             metrics::histogram!("wasq_attempt_duration_seconds", &labels)
                 .record(took.as_secs_f64());
+            metrics::histogram!("wasq_attempt_peak_memory_bytes", &labels[..1])
+                .record(peak_memory_bytes as f64);
         });
     }
 }

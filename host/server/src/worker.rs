@@ -11,7 +11,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use wasq_core::*;
-use wasq_sandbox::{AttemptError, AttemptOutcome, AttemptSpec, Journal, RunInfo};
+use wasq_sandbox::{AttemptError, AttemptOutcome, AttemptSpec, Journal, JournalError, RunInfo};
 
 use crate::App;
 

@@ -207,9 +207,10 @@ pub(crate) fn check_queue_quota(
 /// The sliding window of a throttle or rate limit: `Some(t)` when `limit` entries fall in
 /// the last `period` (the window is full until `t`), `None` when there is room.
 pub(crate) fn window_full(space: &Space, gate: &Gate, now: Millis) -> Option<Millis> {
-    let inside = in_window(space, gate, now);
+    let entries = space.windows.get(&gate.id).map_or(&[][..], |w| &w[..]);
     let limit = (gate.limit as usize).max(1);
-    (inside.len() >= limit).then(|| inside[inside.len() - limit] + gate.period_ms as i64)
+    let limit_th = entries.len().checked_sub(limit).map(|i| entries[i]);
+    gate.closed_until(limit_th, now)
 }
 
 /// The entries of a gate's window inside its period, oldest first.
@@ -217,14 +218,14 @@ pub(crate) fn in_window<'a>(space: &'a Space, gate: &Gate, now: Millis) -> &'a [
     let Some(w) = space.windows.get(&gate.id) else {
         return &[];
     };
-    let start = now - gate.period_ms as i64;
+    let start = gate.window_start(now);
     &w[w.partition_point(|&at| at <= start)..]
 }
 
 /// Records an entry in the window (and forgets entries that left it).
 pub(crate) fn log_window(space: &mut Space, gate: &Gate, now: Millis) {
     let w = space.windows.entry(gate.id.clone()).or_default();
-    let start = now - gate.period_ms as i64;
+    let start = gate.window_start(now);
     w.drain(..w.partition_point(|&at| at <= start));
     let at = w.partition_point(|&at| at <= now);
     w.insert(at, now);

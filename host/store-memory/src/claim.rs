@@ -218,7 +218,7 @@ fn next_startable(
         let e = st.get(tenant, &id)?;
         if let Some(g) = &e.cgate {
             let running = space.gate_running.get(&g.id).copied().unwrap_or(0);
-            if running >= g.limit as usize {
+            if g.is_full(running as u64) {
                 let gate = g.id.clone();
                 st.update(tenant, &id, |e| e.parked = Some(gate))?;
                 *parks -= 1;
@@ -226,8 +226,7 @@ fn next_startable(
             }
         }
         if let Some(g) = &e.tgate
-            && e.run.status == RunStatus::Queued
-            && e.run.attempt == 0
+            && lifecycle::throttles_start(e.run.status, e.run.attempt)
         {
             let g = g.clone();
             if let Some(open_at) = window_full(space, &g, now) {

@@ -217,7 +217,7 @@ impl RunEntry {
             }
             _ => {}
         }
-        if r.status == RunStatus::Queued && r.attempt == 0 {
+        if lifecycle::debounce_replaces(r.status, r.attempt) {
             k.debounce.clone_from(&self.dgate);
         }
         if r.status.is_terminal()

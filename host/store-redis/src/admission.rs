@@ -109,21 +109,48 @@ impl RedisStore {
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The run a debounced plan's key points to now (`""`: none, or no debounce), which
-    /// the new run would replace if it has not started.
+    /// The run a debounced plan's key points to now and whether the new run replaces it
+    /// (core's rule, on its status and attempt as read); the script answers `stale` if
+    /// either moved since.
     pub(crate) async fn debounced_run(
         &self,
         tenant: &str,
         plan: &FlowPlan,
-    ) -> Result<String, StoreError> {
+    ) -> Result<Debounced, StoreError> {
         let Some(gate) = &plan.debounce else {
-            return Ok(String::new());
+            return Ok(Debounced::default());
         };
-        let key = format!("{}deb", self.tenant_prefix(tenant));
+        let prefix = self.tenant_prefix(tenant);
         let id: Option<String> = self
-            .query(redis::cmd("HGET").arg(key).arg(&gate.id))
+            .query(redis::cmd("HGET").arg(format!("{prefix}deb")).arg(&gate.id))
             .await?;
-        Ok(id.unwrap_or_default())
+        let Some(id) = id else {
+            return Ok(Debounced::default());
+        };
+        let (status, attempt): (Option<String>, Option<String>) = self
+            .query(
+                redis::cmd("HMGET")
+                    .arg(format!("{prefix}run:{id}"))
+                    .arg("status")
+                    .arg("attempt"),
+            )
+            .await?;
+        let replaces = match (&status, &attempt) {
+            (Some(s), Some(a)) => match (s.parse::<RunStatus>(), a.parse::<u32>()) {
+                (Ok(s), Ok(a)) => lifecycle::debounce_replaces(s, a),
+                _ => false,
+            },
+            _ => false,
+        };
+        Ok(Debounced {
+            version: format!(
+                "{}|{}",
+                status.unwrap_or_default(),
+                attempt.unwrap_or_default()
+            ),
+            run: id,
+            replaces,
+        })
     }
 
     /// The tenant's `max_queued`, for the message of a refused enqueue.
@@ -137,16 +164,25 @@ impl RedisStore {
     }
 }
 
+/// The run a debounce key points to (`run` empty: none, or no debounce), as read before
+/// the script: its `status|attempt` then, and whether a new run replaces it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Debounced {
+    pub(crate) run: String,
+    pub(crate) version: String,
+    pub(crate) replaces: bool,
+}
+
 /// Appends the FLOW_ARGS flow arguments of run `id` (see `read_flow` in the scripts).
 /// `admission`: the `max_queued` the script applies (`None`: the caller checked it for a
 /// batch, an event's subscribers). `debounced`: the run the debounce key pointed to when
-/// read (`""`: none); the script answers `stale` if it changed.
+/// read; the script answers `stale` if the key or that run moved.
 pub(crate) fn flow_args(
     args: Args,
     plan: &FlowPlan,
     id: &str,
     admission: Option<Admission>,
-    debounced: &str,
+    debounced: &Debounced,
 ) -> Result<Args, StoreError> {
     let gate = |g: &Option<Gate>| {
         g.as_ref()
@@ -158,8 +194,17 @@ pub(crate) fn flow_args(
     let (tgate, tlimit, tperiod) = gate(&plan.throttle);
     let (rgate, rlimit, rperiod) = gate(&plan.rate_limit);
     let (dgate, _, dperiod) = gate(&plan.debounce);
-    let rate_limited = lifecycle::rate_limited_error(plan);
-    let (debounced, debounced_run) = (lifecycle::debounced_error(id), debounced);
+    // The errors and resolutions of a skip, only for a plan that can skip: an enqueue
+    // without a rate limit or a debounce sends none of them.
+    let rate_limited = plan
+        .rate_limit
+        .as_ref()
+        .map(|_| lifecycle::rate_limited_error(plan));
+    let debounced_error = plan
+        .debounce
+        .as_ref()
+        .map(|_| lifecycle::debounced_error(id));
+    let debounced_run = &debounced.run;
     let args = args
         .n(plan.priority)
         .n(plan.rank_offset)
@@ -178,15 +223,29 @@ pub(crate) fn flow_args(
         } else {
             to_json(&plan.keys)?
         })
-        .b(to_json(&rate_limited)?)
-        .b(lifecycle::skipped_resolution(id, &rate_limited).to_bytes())
-        .b(to_json(&debounced)?)
+        .b(rate_limited
+            .as_ref()
+            .map(to_json)
+            .transpose()?
+            .unwrap_or_default())
+        .b(rate_limited
+            .as_ref()
+            .map(|e| lifecycle::skipped_resolution(id, e).to_bytes())
+            .unwrap_or_default())
+        .b(debounced_error
+            .as_ref()
+            .map(to_json)
+            .transpose()?
+            .unwrap_or_default())
         .s(debounced_run)
-        .b(if debounced_run.is_empty() {
-            Vec::new()
-        } else {
-            lifecycle::skipped_resolution(debounced_run, &debounced).to_bytes()
+        .b(match &debounced_error {
+            Some(e) if debounced.replaces => {
+                lifecycle::skipped_resolution(debounced_run, e).to_bytes()
+            }
+            _ => Vec::new(),
         })
-        .n(admission.map_or(0, Admission::cap_factor));
+        .n(admission.map_or(0, Admission::cap_factor))
+        .s(&debounced.version)
+        .s(if debounced.replaces { "1" } else { "0" });
     Ok(args)
 }

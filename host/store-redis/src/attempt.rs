@@ -61,8 +61,8 @@ impl RedisStore {
         let cancelled = lifecycle::finish(ending(false, true), &outcome, now);
         let args = Args::new().s(&lease.run_id).n(lease.token);
         let args = transition::args(args, Some(&fresh))?;
-        let args = transition::args(args, (resumed != fresh).then_some(&resumed))?;
-        let args = transition::args(args, (cancelled != fresh).then_some(&cancelled))?;
+        let args = transition::alternative(args, (resumed != fresh).then_some(&resumed))?;
+        let args = transition::alternative(args, (cancelled != fresh).then_some(&cancelled))?;
         let args = match &outcome {
             Outcome::Waiting { wait, .. } => {
                 let (on, target) = match &wait.on {

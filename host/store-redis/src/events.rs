@@ -141,7 +141,7 @@ impl RedisStore {
         tenant: &str,
         event: &str,
         data: &str,
-    ) -> Result<Vec<(String, Vec<u8>, FlowPlan, String)>, StoreError> {
+    ) -> Result<Vec<(String, Vec<u8>, FlowPlan, Debounced)>, StoreError> {
         let prefix = self.tenant_prefix(tenant);
         let mut names: Vec<String> = self
             .query(redis::cmd("SMEMBERS").arg(format!("{prefix}sub:{event}")))

@@ -142,7 +142,7 @@ use wasq_core::flow::{FlowPlan, Gate};
 use wasq_core::lifecycle::{self, Admission};
 use wasq_core::*;
 
-use admission::flow_args;
+use admission::{Debounced, flow_args};
 use attempt::storage_refusal;
 use conn::{AnyConn, BlockSource, Wake, redis_err, timed_out};
 use decode::{array, corrupt, hash, int, string};

@@ -36,7 +36,7 @@ pub(crate) const REAP_BATCH: usize = 200;
 /// Wake-up tokens kept in the wake list.
 pub(crate) const WAKE_LIST_MAX: usize = 64;
 /// Flow-control arguments per run (`read_flow` in the prelude; `flow_args` in lib.rs).
-pub(crate) const FLOW_ARGS: usize = 19;
+pub(crate) const FLOW_ARGS: usize = 21;
 /// Due runs one claim moves into the lane at most.
 pub(crate) const PROMOTE_BATCH: usize = 1000;
 /// Gate checks one claim may fail (parking those runs) before it stops for now.
@@ -74,7 +74,20 @@ fn placeholders() -> Vec<(&'static str, String)> {
         ("@PARK_BUDGET@", PARK_BUDGET.to_string()),
         ("@CLAIM_QUEUED@", claim_step(RunStatus::Queued)),
         ("@CLAIM_SLEEPING@", claim_step(RunStatus::Sleeping)),
+        ("@THROTTLES_QUEUED@", throttle_step(RunStatus::Queued)),
+        ("@THROTTLES_SLEEPING@", throttle_step(RunStatus::Sleeping)),
     ]
+}
+
+/// `lifecycle::throttles_start` for a run in `status`, as the claim script applies it:
+/// `from attempt 0, from a later attempt` (Lua booleans). The unit test below checks the
+/// table gives what core gives for every attempt number it tries.
+fn throttle_step(status: RunStatus) -> String {
+    format!(
+        "{}, {}",
+        lifecycle::throttles_start(status, 0),
+        lifecycle::throttles_start(status, 1)
+    )
 }
 
 /// `lifecycle::claimed_attempt` for a run in `status`, as the claim script applies it:
@@ -167,10 +180,9 @@ pub(crate) static RENEW: LazyLock<Script> =
 pub(crate) static RECORD: LazyLock<Script> =
     LazyLock::new(|| tenant_script(include_str!("lua/record.lua")));
 
-/// ARGV[5..]: id, token, then three transitions of T_ARGS each, computed by
-/// `wasq_core::lifecycle::finish` (the outcome's; for a run that resumed, '' when the
-/// same; for a run whose cancel was requested, '' when the outcome stands), then for a
-/// wait: wait JSON, step field, until or '', 'event'|'run', event name or run id, the
+/// ARGV[5..]: id, token, then the transitions `wasq_core::lifecycle::finish` computed: the
+/// outcome's (T_ARGS), then for a run that resumed and for a run whose cancel was
+/// requested '0' when it is the same or '1' and that transition, then for a wait: wait JSON, step field, until or '', 'event'|'run', event name or run id, the
 /// resolution of a missing run.
 pub(crate) static FINISH: LazyLock<Script> =
     LazyLock::new(|| tenant_script(include_str!("lua/finish.lua")));
@@ -284,6 +296,15 @@ mod tests {
                 let got = (i64::from(attempt) + delta).max(lowest);
                 assert_eq!(got, i64::from(want), "{status} from attempt {attempt}");
                 assert_eq!(parts[1], if resumed { "'1'" } else { "'0'" });
+            }
+        }
+        for status in [RunStatus::Queued, RunStatus::Sleeping] {
+            let step = throttle_step(status);
+            let parts: Vec<&str> = step.split(", ").collect();
+            for attempt in 0..50u32 {
+                let got = parts[usize::from(attempt > 0)] == "true";
+                let want = lifecycle::throttles_start(status, attempt);
+                assert_eq!(got, want, "{status} throttled at attempt {attempt}");
             }
         }
         let err = std::panic::catch_unwind(|| script("return '@NOPE@'")).unwrap_err();

@@ -10,6 +10,16 @@ use wasq_core::StoreError;
 /// Arguments per transition (`read_transition` in the scripts' prelude).
 pub(crate) const T_ARGS: usize = 16;
 
+/// Appends one of a finish's alternative transitions: `'0'` when it is `None` (the same
+/// as the outcome's), else `'1'` and its T_ARGS arguments. Most finishes have none, and
+/// every argument costs the script an allocation.
+pub(crate) fn alternative(args: Args, t: Option<&Transition>) -> Result<Args, StoreError> {
+    match t {
+        None => Ok(args.s("0")),
+        Some(t) => self::args(args.s("1"), Some(t)),
+    }
+}
+
 /// Appends `t` as T_ARGS arguments; `None` as T_ARGS empty ones (status `''`: none).
 pub(crate) fn args(args: Args, t: Option<&Transition>) -> Result<Args, StoreError> {
     let Some(t) = t else {

@@ -67,17 +67,27 @@ pub(crate) fn insert_run(
         new.insert(tx, now, now, Some(&lifecycle::rate_limited_error(&plan)))?;
         return created(tx, &id);
     }
-    // The pending (not yet started) run of the debounce key, which this one replaces.
+    // The pending run of the debounce key, which this one replaces: of the key's queued
+    // runs (the index holds those), the one core says a newer run replaces.
     let replaced: Option<String> = match &plan.debounce {
-        Some(g) => tx
-            .query_row(
-                "SELECT id FROM runs WHERE tenant = ?1 AND dgate = ?2 AND status = 'queued'
-                     AND attempt = 0 LIMIT 1",
-                params![req.tenant, g.id],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(internal)?,
+        Some(g) => {
+            let mut stmt = tx
+                .prepare_cached(
+                    "SELECT id, attempt FROM runs WHERE tenant = ?1 AND dgate = ?2
+                         AND status = 'queued'",
+                )
+                .map_err(internal)?;
+            let rows = stmt
+                .query_map(params![req.tenant, g.id], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, u32>(1)?))
+                })
+                .map_err(internal)?;
+            let queued: Vec<(String, u32)> = rows.collect::<Result<_, _>>().map_err(internal)?;
+            queued
+                .into_iter()
+                .find(|&(_, attempt)| lifecycle::debounce_replaces(RunStatus::Queued, attempt))
+                .map(|(id, _)| id)
+        }
         None => None,
     };
     if let Some(admission) = admission {
@@ -245,19 +255,14 @@ pub(crate) fn window_full(
 ) -> Result<Option<i64>, StoreError> {
     let limit_th: Option<i64> = tx
         .query_row(
-            "SELECT at FROM flow_log WHERE tenant = ?1 AND gate = ?2 AND at > ?3
-             ORDER BY at DESC LIMIT 1 OFFSET ?4",
-            params![
-                tenant,
-                gate.id,
-                now - gate.period_ms as i64,
-                i64::from(gate.limit) - 1
-            ],
+            "SELECT at FROM flow_log WHERE tenant = ?1 AND gate = ?2
+             ORDER BY at DESC LIMIT 1 OFFSET ?3",
+            params![tenant, gate.id, i64::from(gate.limit) - 1],
             |r| r.get(0),
         )
         .optional()
         .map_err(internal)?;
-    Ok(limit_th.map(|at| at + gate.period_ms as i64))
+    Ok(gate.closed_until(limit_th, now))
 }
 
 /// Records an entry in the window (and forgets entries that left it).
@@ -269,7 +274,7 @@ pub(crate) fn log_window(
 ) -> Result<(), StoreError> {
     tx.execute(
         "DELETE FROM flow_log WHERE tenant = ?1 AND gate = ?2 AND at <= ?3",
-        params![tenant, gate.id, now - gate.period_ms as i64],
+        params![tenant, gate.id, gate.window_start(now)],
     )
     .map_err(internal)?;
     tx.execute(

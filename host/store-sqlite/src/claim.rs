@@ -156,7 +156,7 @@ pub(crate) fn claim_round_robin(
 /// by the lane query already).
 pub(crate) struct Startable {
     id: String,
-    status: String,
+    status: RunStatus,
     attempt: u32,
 }
 
@@ -208,23 +208,28 @@ pub(crate) fn next_startable(
         let Some((id, status, attempt, cgate, climit, tgate, tlimit, tperiod)) = head else {
             return Ok(None);
         };
-        if let (Some(gate), Some(limit)) = (&cgate, climit) {
-            let running: u32 = tx
+        let status: RunStatus = status.parse().map_err(StoreError::Internal)?;
+        if let (Some(gate), Some(limit)) = (cgate, climit) {
+            let running: u64 = tx
                 .query_row(
                     "SELECT COUNT(*) FROM runs WHERE tenant = ?1 AND cgate = ?2 AND status = 'running'",
                     params![tenant, gate],
                     |r| r.get(0),
                 )
                 .map_err(internal)?;
-            if running >= limit {
-                park(tx, &id, gate)?;
+            let gate = Gate {
+                id: gate,
+                limit,
+                period_ms: 0,
+            };
+            if gate.is_full(running) {
+                park(tx, &id, &gate.id)?;
                 *parks -= 1;
                 continue;
             }
         }
         if let (Some(id_t), Some(limit), Some(period)) = (&tgate, tlimit, tperiod)
-            && status == "queued"
-            && attempt == 0
+            && lifecycle::throttles_start(status, attempt)
         {
             let gate = Gate {
                 id: id_t.clone(),
@@ -271,8 +276,7 @@ pub(crate) fn lease_run(
     expires_at: i64,
 ) -> Result<Claimed, StoreError> {
     let id = run.id.as_str();
-    let status: RunStatus = run.status.parse().map_err(StoreError::Internal)?;
-    let (attempt, resumed) = lifecycle::claimed_attempt(status, run.attempt);
+    let (attempt, resumed) = lifecycle::claimed_attempt(run.status, run.attempt);
     let token: u64 = tx
         .query_row(
             "UPDATE runs SET status = 'running', attempt = ?5, resumed = ?6,
@@ -319,6 +323,11 @@ pub(crate) fn open_throttles(tx: &Connection, now: i64) -> Result<(), StoreError
         rows.collect::<Result<_, _>>().map_err(internal)?
     };
     for (tenant, gate, limit, period) in due {
+        let g = Gate {
+            id: gate.clone(),
+            limit,
+            period_ms: period as u64,
+        };
         let window: Vec<i64> = {
             let mut stmt = tx
                 .prepare_cached(
@@ -327,7 +336,9 @@ pub(crate) fn open_throttles(tx: &Connection, now: i64) -> Result<(), StoreError
                 )
                 .map_err(internal)?;
             let rows = stmt
-                .query_map(params![tenant, gate, now - period, limit], |r| r.get(0))
+                .query_map(params![tenant, gate, g.window_start(now), limit], |r| {
+                    r.get(0)
+                })
                 .map_err(internal)?;
             rows.collect::<Result<_, _>>().map_err(internal)?
         };
@@ -418,8 +429,8 @@ mod tests {
                 "runs_parked",
             ),
             (
-                "SELECT at FROM flow_log WHERE tenant = ?1 AND gate = ?2 AND at > ?3
-                 ORDER BY at DESC LIMIT 1 OFFSET ?4",
+                "SELECT at FROM flow_log WHERE tenant = ?1 AND gate = ?2
+                 ORDER BY at DESC LIMIT 1 OFFSET ?3",
                 "flow_log_by_gate",
             ),
             // An event reads only the runs waiting for its name, in index order.

@@ -8,7 +8,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use wasq_core::{LogLine, Progress};
 
 use super::*;
-use crate::Journal;
+use crate::{Journal, JournalError};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
@@ -326,17 +326,17 @@ struct Lines(Mutex<Vec<String>>);
 
 #[async_trait::async_trait]
 impl Journal for Lines {
-    async fn complete_step(&self, _: &str, _: u32, _: &[u8]) -> Result<(), String> {
+    async fn complete_step(&self, _: &str, _: u32, _: &[u8]) -> Result<(), JournalError> {
         Ok(())
     }
-    async fn send_event(&self, _: &str, _: serde_json::Value, _: &str) -> Result<(), String> {
+    async fn send_event(&self, _: &str, _: serde_json::Value, _: &str) -> Result<(), JournalError> {
         Ok(())
     }
-    async fn start_run(&self, _: &str, _: &[u8], _: &str) -> Result<String, String> {
-        Err("no".into())
+    async fn start_run(&self, _: &str, _: &[u8], _: &str) -> Result<String, JournalError> {
+        Err(JournalError::Failed("no".into()))
     }
-    async fn load_step(&self, _: &str, _: u32) -> Result<Vec<u8>, String> {
-        Err("no stored steps here".into())
+    async fn load_step(&self, _: &str, _: u32) -> Result<Vec<u8>, JournalError> {
+        Err(JournalError::Failed("no stored steps here".into()))
     }
     fn log(&self, line: LogLine) {
         self.0.lock().unwrap().push(line.message);

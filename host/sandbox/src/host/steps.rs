@@ -60,7 +60,7 @@ impl State {
                 .load_step(name, occurrence)
                 .await
                 .map(Some)
-                .map_err(|msg| wasmtime::Error::new(Stop::Journal(msg))),
+                .map_err(|e| wasmtime::Error::new(Stop::Journal(e))),
         }
     }
 
@@ -291,7 +291,7 @@ impl step::Host for State {
         self.journal
             .send_event(&event, data, &id)
             .await
-            .map_err(|msg| wasmtime::Error::new(Stop::Journal(msg)))?;
+            .map_err(|e| wasmtime::Error::new(Stop::Journal(e)))?;
         let record =
             serde_json::to_vec(&serde_json::json!({ "event_id": id })).expect("serialises");
         store_step(&self.journal, &name, occurrence, &record).await
@@ -315,7 +315,7 @@ pub(crate) async fn start_child(
     journal
         .start_run(function, input, key)
         .await
-        .map_err(guest_error)
+        .map_err(|e| guest_error(e.to_string()))
 }
 
 /// Stores a step output before the guest may go on; a failure ends the attempt.
@@ -328,7 +328,7 @@ pub(crate) async fn store_step(
     journal
         .complete_step(name, occurrence, output)
         .await
-        .map_err(|msg| wasmtime::Error::new(Stop::Journal(msg)))
+        .map_err(|e| wasmtime::Error::new(Stop::Journal(e)))
 }
 
 /// Suspends the run until run `id` ends; its result becomes step (`name`, `occurrence`).

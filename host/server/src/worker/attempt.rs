@@ -75,7 +75,6 @@ pub(crate) async fn attempt(
         app: app.clone(),
         tenant: run.tenant.clone(),
         held: held.clone(),
-        storage_refused: Default::default(),
         pending: Default::default(),
         writing: Default::default(),
         flush: Default::default(),
@@ -131,8 +130,12 @@ pub(crate) async fn attempt(
         // store takes it back when the lease expires), nor its last log lines.
         held.lose();
         tracing::warn!("attempt abandoned: {why}");
-        app.metrics
-            .attempt(&run.tenant, "abandoned", result.duration);
+        app.metrics.attempt(
+            &run.tenant,
+            "abandoned",
+            result.duration,
+            result.peak_memory_bytes,
+        );
         journal.close();
         let _ = flusher.await;
         return;
@@ -176,6 +179,8 @@ pub(crate) async fn attempt(
             let what = match delay {
                 Some(d) => format!("; retrying in {d} ms (attempt {})", run.attempt + 1),
                 None if error.reason == ErrorReason::Fatal => "; fatal, not retried".into(),
+                // A storage quota refused one of its effects (the sandbox says so).
+                None if error.reason == ErrorReason::StorageQuota => "; not retried".into(),
                 None => "; no retries left".into(),
             };
             tracing::info!(error = %error, "attempt failed{what}");
@@ -192,15 +197,6 @@ pub(crate) async fn attempt(
             }
         }
     };
-    // A storage quota refused a step, an event or a child run: the run cannot go on,
-    // and retrying would only hit the quota again.
-    let storage_refused = journal.storage_refused.lock().unwrap().take();
-    let outcome = match storage_refused {
-        Some(why) if !matches!(outcome, Outcome::Released) => {
-            storage_quota_failure(&journal, &run, why, result.fuel_used)
-        }
-        _ => outcome,
-    };
     let label = match &outcome {
         Outcome::Succeeded { .. } => "succeeded",
         Outcome::Failed {
@@ -212,7 +208,12 @@ pub(crate) async fn attempt(
         Outcome::Waiting { .. } => "waiting",
         Outcome::Released => "released",
     };
-    app.metrics.attempt(&run.tenant, label, result.duration);
+    app.metrics.attempt(
+        &run.tenant,
+        label,
+        result.duration,
+        result.peak_memory_bytes,
+    );
     journal.close();
     let _ = flusher.await;
     held.ending.store(true, Ordering::SeqCst);

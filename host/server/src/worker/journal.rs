@@ -11,9 +11,6 @@ pub(crate) struct StoreJournal {
     pub(crate) app: Arc<App>,
     pub(crate) tenant: String,
     pub(crate) held: Arc<Held>,
-    /// Why the store refused something for a storage quota, if it did: the attempt then
-    /// fails for good with reason `storage_quota`, whatever the guest made of the refusal.
-    pub(crate) storage_refused: std::sync::Mutex<Option<String>>,
     pub(crate) pending: std::sync::Mutex<Pending>,
     /// Held while taking and writing pending records, so lines are stored in order.
     pub(crate) writing: tokio::sync::Mutex<()>,
@@ -28,13 +25,16 @@ pub(crate) struct Pending {
 }
 
 impl StoreJournal {
-    /// Notes a storage-quota refusal (see `storage_refused`).
-    pub(crate) fn refused(&self, e: &StoreError) {
-        if let StoreError::StorageQuota(msg) = e {
-            self.storage_refused
-                .lock()
-                .unwrap()
-                .get_or_insert_with(|| msg.clone());
+    /// What the sandbox should make of a store error on one of the guest's effects
+    /// (`what`: the effect, for the message).
+    fn journal_error(&self, e: StoreError, what: impl FnOnce() -> String) -> JournalError {
+        match e {
+            StoreError::LeaseLost(_) => {
+                self.held.lose();
+                JournalError::LeaseLost(e.to_string())
+            }
+            StoreError::StorageQuota(why) => JournalError::StorageQuota(why),
+            e => JournalError::Failed(format!("{}: {e}", what())),
         }
     }
 
@@ -93,7 +93,7 @@ impl Journal for StoreJournal {
         name: &str,
         occurrence: u32,
         output: &[u8],
-    ) -> Result<(), String> {
+    ) -> Result<(), JournalError> {
         let _order = self.writing.lock().await;
         let logs = std::mem::take(&mut self.pending.lock().unwrap().logs);
         let rec = Record::Step {
@@ -104,13 +104,7 @@ impl Journal for StoreJournal {
         };
         with_retries(|| self.app.store.record(&self.held.lease, rec.clone()))
             .await
-            .map_err(|e| {
-                if let StoreError::LeaseLost(_) = e {
-                    self.held.lose();
-                }
-                self.refused(&e);
-                format!("could not store step {name:?}: {e}")
-            })
+            .map_err(|e| self.journal_error(e, || format!("could not store step {name:?}")))
     }
 
     async fn send_event(
@@ -118,7 +112,7 @@ impl Journal for StoreJournal {
         event: &str,
         data: serde_json::Value,
         id: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), JournalError> {
         let req = EventRequest {
             tenant: self.tenant.clone(),
             name: event.into(),
@@ -127,19 +121,23 @@ impl Journal for StoreJournal {
         };
         with_retries(|| self.app.store.send_event(req.clone()))
             .await
-            .map_err(|e| {
-                self.refused(&e);
-                format!("could not send event {event:?}: {e}")
-            })?;
+            .map_err(|e| self.journal_error(e, || format!("could not send event {event:?}")))?;
         self.app.wake.notify_one();
         Ok(())
     }
 
-    async fn start_run(&self, function: &str, input: &[u8], key: &str) -> Result<String, String> {
+    async fn start_run(
+        &self,
+        function: &str,
+        input: &[u8],
+        key: &str,
+    ) -> Result<String, JournalError> {
         // New work: refused while the store is nearly full (the attempt fails and is
         // retried later; the store guard's reason says why).
         if let Some(reason) = self.app.guard.refusing() {
-            return Err(format!("cannot start a run of {function:?} now: {reason}"));
+            return Err(JournalError::Failed(format!(
+                "cannot start a run of {function:?} now: {reason}"
+            )));
         }
         let req = EnqueueRequest {
             tenant: self.tenant.clone(),
@@ -154,26 +152,29 @@ impl Journal for StoreJournal {
         };
         let enqueued = with_retries(|| self.app.store.enqueue(req.clone()))
             .await
-            .map_err(|e| {
-                self.refused(&e);
-                match e {
-                    StoreError::NotFound(_) => {
-                        format!("cannot start a run of {function:?}: no such function")
-                    }
-                    e => format!("cannot start a run of {function:?}: {e}"),
-                }
+            .map_err(|e| match e {
+                StoreError::NotFound(_) => JournalError::Failed(format!(
+                    "cannot start a run of {function:?}: no such function"
+                )),
+                e => self.journal_error(e, || format!("cannot start a run of {function:?}")),
             })?;
         self.app.wake.notify_one();
         Ok(enqueued.run.id)
     }
 
-    async fn load_step(&self, name: &str, occurrence: u32) -> Result<Vec<u8>, String> {
+    async fn load_step(&self, name: &str, occurrence: u32) -> Result<Vec<u8>, JournalError> {
         let id = &self.held.lease.run_id;
         with_retries(|| self.app.store.step(&self.tenant, id, name, occurrence))
             .await
-            .map_err(|e| format!("could not read step {name:?} #{occurrence}: {e}"))?
+            .map_err(|e| {
+                self.journal_error(e, || format!("could not read step {name:?} #{occurrence}"))
+            })?
             .map(|s| s.output)
-            .ok_or_else(|| format!("step {name:?} #{occurrence} vanished from the store"))
+            .ok_or_else(|| {
+                JournalError::Failed(format!(
+                    "step {name:?} #{occurrence} vanished from the store"
+                ))
+            })
     }
 
     fn log(&self, line: LogLine) {

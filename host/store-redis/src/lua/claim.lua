@@ -1,6 +1,9 @@
 -- What a claim starts from a run in each claimable status: (attempt delta, resumed, lowest
 -- attempt), computed in scripts.rs from wasq_core::lifecycle::claimed_attempt.
 local CLAIM_STEP = { queued = { @CLAIM_QUEUED@ }, sleeping = { @CLAIM_SLEEPING@ } }
+-- Which starts count against a throttle, by status: (from attempt 0, from a later
+-- attempt), computed in scripts.rs from wasq_core::lifecycle::throttles_start.
+local THROTTLES = { queued = { @THROTTLES_QUEUED@ }, sleeping = { @THROTTLES_SLEEPING@ } }
 local LIMIT, LEASE, WORKER, WORKER_JSON = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], ARGV[8]
 local wake = 0
 -- Runs whose worker stopped renewing. What becomes of each (queued again, failed for
@@ -98,7 +101,10 @@ while #out < room and parks > 0 do
     'parked', 'attempt', 'climit', 'tgate', 'tlimit', 'tperiod', 'nosteps', 'lease_token')
   local status, cgate, attempt, climit = r[1], r[5], r[7], r[8]
   local tgate, tlimit, tperiod = r[9], r[10], r[11]
-  local throttled = tgate and status == 'queued' and attempt == '0'
+  local throttled = false
+  if tgate and THROTTLES[status] then
+    if attempt == '0' then throttled = THROTTLES[status][1] else throttled = THROTTLES[status][2] end
+  end
   if status ~= 'queued' and status ~= 'sleeping' then
     redis.call('ZREM', P .. 'q', id)
   elseif cgate and redis.call('SCARD', P .. 'crun:' .. cgate) >= tonumber(climit) then

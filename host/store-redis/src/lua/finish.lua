@@ -6,11 +6,22 @@ local m = redis.call('HMGET', rk, 'status', 'created_at', 'wait_event', 'wait_ru
   'parked', 'lease_token', 'resumed', 'cancel_requested')
 if not m[1] then return { 'not_found' } end
 if m[1] ~= 'running' or m[7] ~= ARGV[6] then return { 'lease_lost' } end
+-- The outcome's transition, then for a run that resumed and for one whose cancel was
+-- requested: '0' (the same) or '1' and that case's transition.
 local t = read_transition(7)
-if m[9] == '1' and ARGV[7 + 2 * T_ARGS] ~= '' then
-  t = read_transition(7 + 2 * T_ARGS)
-elseif m[8] == '1' and ARGV[7 + T_ARGS] ~= '' then
-  t = read_transition(7 + T_ARGS)
+local o, alt = 7 + T_ARGS, {}
+for _, case in ipairs({ 'resumed', 'cancel' }) do
+  if ARGV[o] == '1' then
+    alt[case] = o + 1
+    o = o + 1 + T_ARGS
+  else
+    o = o + 1
+  end
+end
+if m[9] == '1' and alt.cancel then
+  t = read_transition(alt.cancel)
+elseif m[8] == '1' and alt.resumed then
+  t = read_transition(alt.resumed)
 end
 -- An output over a storage quota is refused before anything changes; the worker then
 -- fails the run (an error is always stored). It is kept twice, as the run's output and
@@ -19,7 +30,7 @@ if t.hasout == '1' then
   local full = run_full(ID, run_bytes(ID), mem(#t.out) + mem(#t.res))
   if full then return full end
 end
-local W = 7 + 3 * T_ARGS
+local W = o
 local extra = nil
 if t.status == 'waiting' then extra = { 'wait', ARGV[W], 'wait_step', ARGV[W + 1] } end
 local wake = 0

@@ -383,8 +383,18 @@ local function read_flow(i)
     prio = a(0), offset = a(1), cgate = a(2), climit = a(3), tgate = a(4), tlimit = a(5),
     tperiod = a(6), rgate = a(7), rlimit = a(8), rperiod = a(9), dgate = a(10),
     dperiod = a(11), keys = a(12), rerr = a(13), rres = a(14), derr = a(15), dprev = a(16),
-    dres = a(17), enforce = a(18),
+    dres = a(17), enforce = a(18), dver = a(19), drep = a(20),
   }
+end
+
+-- Whether the debounce key of `fl`, or the status and attempt of the run it points to,
+-- moved since Rust read them (fl.dprev, fl.dver).
+local function debounce_moved(fl)
+  local prev = redis.call('HGET', P .. 'deb', fl.dgate)
+  if (prev or '') ~= fl.dprev then return true end
+  if not prev then return false end
+  local r = redis.call('HMGET', runkey(prev), 'status', 'attempt')
+  return (r[1] or '') .. '|' .. (r[2] or '') ~= fl.dver
 end
 
 -- What a new run costs: the per-run overhead (with its `run:` and `att:` key names),
@@ -424,13 +434,10 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
   end
   local replaced = nil
   if status == 'queued' and fl.dgate ~= '' then
-    -- Rust computed the replaced run's resolution for the run the key pointed to.
-    local prev = redis.call('HGET', P .. 'deb', fl.dgate)
-    if (prev or '') ~= fl.dprev then return nil, false, 'stale', 0 end
-    if prev then
-      local r = redis.call('HMGET', runkey(prev), 'status', 'attempt')
-      if r[1] == 'queued' and r[2] == '0' then replaced = prev end
-    end
+    -- Rust read the run the key points to, decided whether this run replaces it
+    -- (wasq_core::lifecycle::debounce_replaces) and computed its resolution.
+    if debounce_moved(fl) then return nil, false, 'stale', 0 end
+    if fl.dprev ~= '' and fl.drep == '1' then replaced = fl.dprev end
   end
   -- fl.enforce: how many times the tenant's max_queued the queue may hold
   -- (wasq_core::lifecycle::Admission::cap_factor); '0' none (checked by the caller).

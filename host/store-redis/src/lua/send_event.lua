@@ -21,9 +21,7 @@ for i, fname in ipairs(subs) do
     return { 'stale' }
   end
   local fl = read_flow(o + 3)
-  if fl.dgate ~= '' and (redis.call('HGET', P .. 'deb', fl.dgate) or '') ~= fl.dprev then
-    return { 'stale' }
-  end
+  if fl.dgate ~= '' and debounce_moved(fl) then return { 'stale' } end
 end
 -- max_queued: every subscriber counts (wasq_core::lifecycle::Admission::Event).
 local maxq = redis.call('HGET', P .. 'quotas', 'max_queued')
