@@ -3,14 +3,14 @@
 use anyhow::{Context, Result, anyhow};
 use serde_json::Value;
 
-pub struct Client {
+pub(crate) struct Client {
     base: String,
     http: reqwest::Client,
 }
 
 impl Client {
     /// A client sending `key` (if any) as `Authorization: Bearer` on every request.
-    pub fn new(base: &str, key: Option<&str>) -> Result<Self> {
+    pub(crate) fn new(base: &str, key: Option<&str>) -> Result<Self> {
         let base = base.trim_end_matches('/').to_owned();
         if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(anyhow!(
@@ -31,11 +31,11 @@ impl Client {
         Ok(Client { base, http })
     }
 
-    pub async fn get(&self, path: &str, query: &[(&str, String)]) -> Result<Value> {
+    pub(crate) async fn get(&self, path: &str, query: &[(&str, String)]) -> Result<Value> {
         self.send(self.http.get(self.url(path)).query(query)).await
     }
 
-    pub async fn post_json(&self, path: &str, body: String) -> Result<Value> {
+    pub(crate) async fn post_json(&self, path: &str, body: String) -> Result<Value> {
         let req = self
             .http
             .post(self.url(path))
@@ -44,7 +44,7 @@ impl Client {
         self.send(req).await
     }
 
-    pub async fn post_run(
+    pub(crate) async fn post_run(
         &self,
         path: &str,
         body: String,
@@ -61,7 +61,7 @@ impl Client {
         self.send(req).await
     }
 
-    pub async fn put_bytes(
+    pub(crate) async fn put_bytes(
         &self,
         path: &str,
         query: &[(&str, String)],
@@ -121,7 +121,7 @@ impl Client {
 }
 
 /// Percent-encodes one URL path segment (names and ids are plain, but never trust input).
-pub fn path_segment(s: &str) -> String {
+pub(crate) fn path_segment(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {

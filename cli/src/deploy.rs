@@ -15,7 +15,7 @@ use crate::views::str_of;
 use crate::{Output, flow, units};
 
 #[derive(Debug, Args)]
-pub struct DeployArgs {
+pub(crate) struct DeployArgs {
     /// The component file (built for wasm32-wasip2). Without it, the task in the current
     /// folder is deployed as its `wasq.toml` says (see --manifest).
     file: Option<PathBuf>,
@@ -171,7 +171,7 @@ impl DeployArgs {
     }
 }
 
-pub async fn deploy(client: Client, mut args: DeployArgs) -> Result<ExitCode> {
+pub(crate) async fn deploy(client: Client, mut args: DeployArgs) -> Result<ExitCode> {
     // A FILE alone is deployed as the flags say; otherwise the manifest decides what and how.
     let (file, name) = match (args.file.clone(), args.manifest.clone()) {
         (Some(file), None) => {

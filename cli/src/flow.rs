@@ -5,7 +5,7 @@ use serde_json::Value;
 
 /// Flow control of a function; the server checks the values (README, "Flow control").
 #[derive(Debug, Args)]
-pub struct FlowArgs {
+pub(crate) struct FlowArgs {
     /// At most N runs executing at once (per --concurrency-key when given); the rest wait.
     #[arg(long, value_name = "N")]
     concurrency_limit: Option<u32>,
@@ -42,7 +42,7 @@ pub struct FlowArgs {
 
 impl FlowArgs {
     /// Takes every setting the command line left out from a manifest's `[deploy]`.
-    pub fn fill_from(&mut self, m: &crate::manifest::DeploySettings) {
+    pub(crate) fn fill_from(&mut self, m: &crate::manifest::DeploySettings) {
         let text = |flag: &mut Option<String>, from: &Option<String>| {
             if flag.is_none() {
                 flag.clone_from(from);
@@ -61,7 +61,7 @@ impl FlowArgs {
     }
 
     /// The deploy query parameters.
-    pub fn query(&self) -> Vec<(&'static str, String)> {
+    pub(crate) fn query(&self) -> Vec<(&'static str, String)> {
         let mut q = Vec::new();
         let mut add = |name, v: &Option<String>| q.extend(v.clone().map(|v| (name, v)));
         add("concurrency_key", &self.concurrency_key);
@@ -94,7 +94,7 @@ fn period(ms: &Value) -> String {
 }
 
 /// One line per flow-control setting of a function's `settings`, for `functions show`.
-pub fn describe(settings: &Value) -> Vec<String> {
+pub(crate) fn describe(settings: &Value) -> Vec<String> {
     let f = &settings["flow"];
     let mut out = Vec::new();
     if f["concurrency"].is_object() {

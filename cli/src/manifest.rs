@@ -15,14 +15,14 @@ use serde::de::{self, Deserializer, Visitor};
 use crate::units;
 
 /// The manifest's file name, looked for in the current folder.
-pub const FILE: &str = "wasq.toml";
+pub(crate) const FILE: &str = "wasq.toml";
 
 /// Manifests are a screen of text; anything near this is not one.
 const MAX_BYTES: u64 = 1 << 20;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Manifest {
+pub(crate) struct Manifest {
     /// The function name the task deploys as.
     pub name: String,
     /// The component the build produces, relative to the manifest's folder.
@@ -39,7 +39,7 @@ pub struct Manifest {
 /// `[deploy]`: every key optional, each the `wasq deploy` flag of the same name.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct DeploySettings {
+pub(crate) struct DeploySettings {
     #[serde(default, deserialize_with = "duration")]
     pub timeout: Option<Duration>,
     #[serde(default, deserialize_with = "count")]
@@ -75,21 +75,21 @@ pub struct DeploySettings {
 
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Strategy {
+pub(crate) enum Strategy {
     Exponential,
     Fixed,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Missed {
+pub(crate) enum Missed {
     Skip,
     Latest,
 }
 
 impl Manifest {
     /// Reads the manifest at `path` (a file, or a folder holding `wasq.toml`).
-    pub fn load(path: &Path) -> Result<Manifest, String> {
+    pub(crate) fn load(path: &Path) -> Result<Manifest, String> {
         let file = if path.is_dir() {
             path.join(FILE)
         } else {
@@ -122,7 +122,7 @@ impl Manifest {
     }
 
     /// The component's path, resolved against the manifest's folder.
-    pub fn component_path(&self) -> PathBuf {
+    pub(crate) fn component_path(&self) -> PathBuf {
         if self.dir == Path::new(".") {
             return self.component.clone();
         }
@@ -132,7 +132,7 @@ impl Manifest {
 
 /// Parses manifest text. The error starts with the location (`:LINE: key: ...`), so the
 /// caller prefixes the file name and gets one `file:line: key: message` line.
-pub fn parse(text: &str) -> Result<Manifest, String> {
+pub(crate) fn parse(text: &str) -> Result<Manifest, String> {
     let manifest: Manifest = toml::from_str(text).map_err(|e| locate(text, &e))?;
     wasq_core::names::check_function_name(&manifest.name).map_err(|e| {
         format!(

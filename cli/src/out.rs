@@ -13,20 +13,20 @@ use serde_json::Value;
 use wasq_core::text;
 
 /// Names, ids, statuses, labels, event names, progress: one short line each.
-pub const SHORT: usize = 256;
+pub(crate) const SHORT: usize = 256;
 /// Messages and log lines (the sandbox stores at most 16 KiB of either).
-pub const LONG: usize = 16 << 10;
+pub(crate) const LONG: usize = 16 << 10;
 /// JSON values (inputs, outputs) shown in a table cell.
-pub const CELL_JSON: usize = 100;
+pub(crate) const CELL_JSON: usize = 100;
 
 /// One line of untrusted text, escaped and at most `max` bytes (with a marker past it).
-pub fn line(s: &str, max: usize) -> String {
+pub(crate) fn line(s: &str, max: usize) -> String {
     text::escape_line(s, max)
 }
 
 /// A short field of a JSON object: a string is shown escaped, anything else as compact
 /// JSON, null as nothing.
-pub fn field(v: &Value) -> String {
+pub(crate) fn field(v: &Value) -> String {
     match v {
         Value::String(s) => line(s, SHORT),
         v => json_cell(v, SHORT),
@@ -34,7 +34,7 @@ pub fn field(v: &Value) -> String {
 }
 
 /// A JSON value as compact, escaped JSON in at most `max` bytes (null as nothing).
-pub fn json_cell(v: &Value, max: usize) -> String {
+pub(crate) fn json_cell(v: &Value, max: usize) -> String {
     if v.is_null() {
         return String::new();
     }
@@ -51,7 +51,7 @@ fn json_unsafe(c: char) -> bool {
 /// JSON text with every character of [`json_unsafe`] as a `\uXXXX` escape, so it is still
 /// the same JSON. Outside strings JSON text is ASCII, so escaping every such character of
 /// the whole text only touches strings.
-pub fn json(v: &Value, pretty: bool) -> String {
+pub(crate) fn json(v: &Value, pretty: bool) -> String {
     let raw = if pretty {
         serde_json::to_string_pretty(v)
     } else {
@@ -75,7 +75,7 @@ pub fn json(v: &Value, pretty: bool) -> String {
 
 /// Writes one line to stdout, or ends the program: quietly on a closed pipe, with a
 /// message on any other write error.
-pub fn write_line(mut w: impl Write, args: std::fmt::Arguments<'_>) {
+pub(crate) fn write_line(mut w: impl Write, args: std::fmt::Arguments<'_>) {
     let written = w.write_fmt(args).and_then(|()| w.write_all(b"\n"));
     if let Err(e) = written {
         if e.kind() == std::io::ErrorKind::BrokenPipe {

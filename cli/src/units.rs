@@ -2,15 +2,15 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     wasq_core::duration::parse(s).map_err(|e| format!("{e} (examples: 500ms, 30s, 2m)"))
 }
 
 /// A retention period; `None` = forever.
 #[derive(Debug, Clone, Copy)]
-pub struct Ttl(pub Option<Duration>);
+pub(crate) struct Ttl(pub Option<Duration>);
 
-pub fn parse_ttl(s: &str) -> Result<Ttl, String> {
+pub(crate) fn parse_ttl(s: &str) -> Result<Ttl, String> {
     if s == "forever" {
         return Ok(Ttl(None));
     }
@@ -20,7 +20,7 @@ pub fn parse_ttl(s: &str) -> Result<Ttl, String> {
 }
 
 /// `64MiB`, `1GiB`, `512KiB`, `10MB`, or plain bytes.
-pub fn parse_size(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
@@ -48,7 +48,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// `10000000000`, `10_000_000_000`, `1e10` or `2.5e9`: exactly the number written (a
 /// float would round `1.2345678901234567e18` and take `18446744073709551616` for
 /// `u64::MAX`), or an error.
-pub fn parse_count(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_count(s: &str) -> Result<u64, String> {
     let bad = || format!("invalid count {s:?} (examples: 1000000, 1e9)");
     let t = s.trim().replace('_', "");
     let (mantissa, exp) = match t.split_once(['e', 'E']) {
@@ -84,7 +84,7 @@ pub fn parse_count(s: &str) -> Result<u64, String> {
         .ok_or_else(too_large)
 }
 
-pub fn format_size(n: u64) -> String {
+pub(crate) fn format_size(n: u64) -> String {
     match n {
         n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),
         n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
@@ -94,7 +94,7 @@ pub fn format_size(n: u64) -> String {
 }
 
 /// Unix milliseconds as RFC 3339 UTC, to the second.
-pub fn format_time(ms: i64) -> String {
+pub(crate) fn format_time(ms: i64) -> String {
     let t = UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
     humantime::format_rfc3339_seconds(t).to_string()
 }

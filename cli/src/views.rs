@@ -6,7 +6,7 @@ use serde_json::Value;
 use crate::out::{self, LONG, SHORT, outln};
 use crate::{Output, units};
 
-pub fn str_of(v: &Value) -> &str {
+pub(crate) fn str_of(v: &Value) -> &str {
     v.as_str().unwrap_or("")
 }
 
@@ -46,7 +46,7 @@ fn error(e: &Value) -> String {
 }
 
 /// What a run is doing, in a few words: "running (attempt 2): charging card".
-pub fn status_line(run: &Value) -> String {
+pub(crate) fn status_line(run: &Value) -> String {
     let status = out::field(&run["status"]);
     let mut line = match status.as_str() {
         "running" | "queued" if run["attempt"].as_u64().unwrap_or(0) > 1 => {
@@ -65,7 +65,7 @@ pub fn status_line(run: &Value) -> String {
     line
 }
 
-pub fn runs(runs: &Value, output: Output) {
+pub(crate) fn runs(runs: &Value, output: Output) {
     print(runs, output, |runs| {
         let mut t = table(&[
             "ID", "FUNCTION", "STATUS", "ATTEMPT", "TRIGGER", "CREATED", "RESULT",
@@ -94,7 +94,7 @@ pub fn runs(runs: &Value, output: Output) {
     });
 }
 
-pub fn run(run: &Value, output: Output) {
+pub(crate) fn run(run: &Value, output: Output) {
     if let Output::Json = output {
         outln!("{}", out::json(run, true));
         return;
@@ -165,7 +165,7 @@ pub fn run(run: &Value, output: Output) {
 }
 
 /// One log line: time, attempt, level, source, message.
-pub fn log_line(l: &Value) -> String {
+pub(crate) fn log_line(l: &Value) -> String {
     format!(
         "{} #{} {:<5} {:<6} {}",
         time(&l["at"]),
@@ -197,12 +197,12 @@ fn functions_table(fns: &Value) -> comfy_table::Table {
     t
 }
 
-pub fn functions(fns: &Value, output: Output) {
+pub(crate) fn functions(fns: &Value, output: Output) {
     print(fns, output, functions_table);
 }
 
 /// One function: its row, the hosts it may reach, its flow control.
-pub fn function(f: &Value, output: Output) {
+pub(crate) fn function(f: &Value, output: Output) {
     if let Output::Json = output {
         outln!("{}", out::json(f, true));
         return;
@@ -264,7 +264,7 @@ pub fn function(f: &Value, output: Output) {
     }
 }
 
-pub fn schedules(schedules: &Value, output: Output) {
+pub(crate) fn schedules(schedules: &Value, output: Output) {
     print(schedules, output, |schedules| {
         let mut t = table(&["FUNCTION", "CRON", "TZ", "MISSED", "STATE", "NEXT"]);
         for s in items(schedules) {
@@ -286,7 +286,7 @@ pub fn schedules(schedules: &Value, output: Output) {
     });
 }
 
-pub fn audit(entries: &Value, output: Output) {
+pub(crate) fn audit(entries: &Value, output: Output) {
     print(entries, output, |entries| {
         let mut t = table(&["AT", "TENANT", "ACTOR", "ACTION", "TARGET"]);
         for e in items(entries) {
@@ -303,7 +303,7 @@ pub fn audit(entries: &Value, output: Output) {
 }
 
 /// A tenant or a list of them, with quotas and usage.
-pub fn tenants(tenants: &Value, output: Output) {
+pub(crate) fn tenants(tenants: &Value, output: Output) {
     print(tenants, output, |tenants| {
         let mut t = table(&[
             "TENANT",
@@ -359,7 +359,7 @@ fn bytes(v: &Value) -> String {
     }
 }
 
-pub fn keys(keys: &Value, output: Output) {
+pub(crate) fn keys(keys: &Value, output: Output) {
     print(keys, output, |keys| {
         let mut t = table(&["ID", "LABEL", "CREATED", "REVOKED"]);
         for k in items(keys) {

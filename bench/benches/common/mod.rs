@@ -8,7 +8,7 @@ use wasq_core::{Limits, LogLine, Progress};
 use wasq_sandbox::{AttemptSpec, Journal, JournalError, RunInfo};
 
 /// A first attempt of the `hello` task (any language's) greeting Ada, under `limits`.
-pub fn hello_spec(digest: &str, journal: Arc<dyn Journal>, limits: Limits) -> AttemptSpec {
+pub(crate) fn hello_spec(digest: &str, journal: Arc<dyn Journal>, limits: Limits) -> AttemptSpec {
     AttemptSpec {
         digest: digest.to_owned(),
         info: RunInfo {
@@ -29,7 +29,7 @@ pub fn hello_spec(digest: &str, journal: Arc<dyn Journal>, limits: Limits) -> At
     }
 }
 
-pub struct NoJournal;
+pub(crate) struct NoJournal;
 
 #[async_trait::async_trait]
 impl Journal for NoJournal {

@@ -19,7 +19,7 @@ use crate::App;
 use crate::auth::{Caller, generate_key};
 use crate::error::ApiError;
 
-pub fn routes() -> Router<Arc<App>> {
+pub(crate) fn routes() -> Router<Arc<App>> {
     Router::new()
         .route("/v1/tenants", post(create_tenant).get(list_tenants))
         .route("/v1/tenants/{tenant}", get(get_tenant))

@@ -31,7 +31,7 @@ use crate::App;
 use crate::auth::TenantScope;
 use crate::error::ApiError;
 
-pub fn router(app: Arc<App>) -> Router {
+pub(crate) fn router(app: Arc<App>) -> Router {
     // A streaming bound: the body is read up to this and no further (see `upload_body`).
     let upload_limit = app.config.sandbox.max_component_bytes;
     let authenticated = Router::new()

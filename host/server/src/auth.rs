@@ -22,14 +22,14 @@ use crate::error::ApiError;
 
 /// Who is calling: a tenant (through one of its keys) or the operator.
 #[derive(Debug, Clone)]
-pub enum Caller {
+pub(crate) enum Caller {
     Tenant { tenant: String, key_id: String },
     Admin,
 }
 
 impl Caller {
     /// For the audit trail.
-    pub fn actor(&self) -> String {
+    pub(crate) fn actor(&self) -> String {
         match self {
             Caller::Tenant { key_id, .. } => format!("key:{key_id}"),
             Caller::Admin => "admin".into(),
@@ -40,7 +40,7 @@ impl Caller {
 /// Key material of a server: the HMAC secret (the same on every server sharing a store)
 /// and the operator key's HMAC.
 #[derive(Clone)]
-pub struct Keyring {
+pub(crate) struct Keyring {
     secret: Arc<Vec<u8>>,
     admin: Option<[u8; 32]>,
 }
@@ -52,7 +52,7 @@ impl std::fmt::Debug for Keyring {
 }
 
 impl Keyring {
-    pub fn new(secret: &[u8], admin_key: Option<&str>) -> Keyring {
+    pub(crate) fn new(secret: &[u8], admin_key: Option<&str>) -> Keyring {
         let mut ring = Keyring {
             secret: Arc::new(secret.to_vec()),
             admin: None,
@@ -69,7 +69,7 @@ impl Keyring {
     }
 
     /// The hex HMAC stored for `key`.
-    pub fn hmac_hex(&self, key: &str) -> String {
+    pub(crate) fn hmac_hex(&self, key: &str) -> String {
         hex::encode(self.mac(key))
     }
 
@@ -87,14 +87,14 @@ impl Keyring {
 }
 
 /// Bytes from the operating system's random source.
-pub fn random_bytes<const N: usize>() -> [u8; N] {
+pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
     let mut bytes = [0u8; N];
     getrandom::fill(&mut bytes).expect("the OS random source works");
     bytes
 }
 
 /// A fresh key and its public id.
-pub fn generate_key() -> (String, String) {
+pub(crate) fn generate_key() -> (String, String) {
     let bytes = random_bytes::<22>();
     let id = hex::encode(&bytes[..6]);
     let secret = hex::encode(&bytes[6..]);
@@ -126,7 +126,11 @@ fn unauthorized(message: &str) -> Response {
 
 /// Resolves the caller from the bearer key and stores it in the request's extensions;
 /// answers 401 for a missing, malformed, unknown or revoked key.
-pub async fn authenticate(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Response {
+pub(crate) async fn authenticate(
+    State(app): State<Arc<App>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     let Some(key) = req
         .headers()
         .get(axum::http::header::AUTHORIZATION)
@@ -166,7 +170,7 @@ pub async fn authenticate(State(app): State<Arc<App>>, mut req: Request, next: N
 /// The tenant a tenant route acts for: the caller's, from its key. The operator key is
 /// refused on these routes (403): it manages tenants and keys, it does not run jobs.
 #[derive(Debug, Clone)]
-pub struct TenantScope {
+pub(crate) struct TenantScope {
     pub tenant: String,
     pub caller: Caller,
 }

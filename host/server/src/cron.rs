@@ -24,14 +24,14 @@ use wasq_core::Schedule;
 use wasq_core::clock::Millis;
 
 /// Cron expressions one function may have.
-pub const MAX_CRONS: usize = 16;
+pub(crate) const MAX_CRONS: usize = 16;
 /// Characters in one cron expression.
-pub const MAX_CRON_LEN: usize = 128;
+pub(crate) const MAX_CRON_LEN: usize = 128;
 /// Characters in a time zone name (the longest IANA name has 32).
 const MAX_TZ_LEN: usize = 64;
 /// How far one search looks: the rest of its start year and this many more. Eight years
 /// hold a leap day wherever they start (2096 to 2104 has none in between).
-pub const SEARCH_YEARS: i32 = 8;
+pub(crate) const SEARCH_YEARS: i32 = 8;
 
 /// One parsed expression of a schedule.
 #[derive(Debug, Clone)]

@@ -119,7 +119,7 @@ const LEASE_LOST: &str = "the run's lease was lost: another worker took the run 
 
 const CLAIM_GATHER: Duration = Duration::from_millis(2);
 
-pub async fn run(app: Arc<App>, shutdown: CancellationToken) {
+pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
     let slots = Arc::new(Semaphore::new(app.config.concurrency));
     // Interrupts attempts still running when the grace period after shutdown ends.
     let hard_stop = CancellationToken::new();
