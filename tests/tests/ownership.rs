@@ -66,14 +66,7 @@ impl Journal for Recorder {
 
 #[tokio::test]
 async fn an_attempt_that_lost_its_run_starts_no_effect() {
-    let counter = Counter::start().await;
-    let sandbox = Sandbox::new(SandboxConfig {
-        max_instances: 4,
-        allow_loopback_egress: true,
-        ..SandboxConfig::default()
-    })
-    .unwrap();
-    let digest = sandbox.validate(&guest("effects")).await.unwrap();
+    let (counter, sandbox, digest) = effects_sandbox().await;
     let attempt = |effect: &str, owned: bool| {
         let journal = Arc::new(Recorder {
             owned,
@@ -121,6 +114,19 @@ async fn an_attempt_that_lost_its_run_starts_no_effect() {
     }
 }
 
+/// A sandbox with the `effects` guest loaded, allowed to call the local counter.
+async fn effects_sandbox() -> (Counter, Sandbox, String) {
+    let counter = Counter::start().await;
+    let sandbox = Sandbox::new(SandboxConfig {
+        max_instances: 4,
+        allow_loopback_egress: true,
+        ..SandboxConfig::default()
+    })
+    .unwrap();
+    let digest = sandbox.validate(&guest("effects")).await.unwrap();
+    (counter, sandbox, digest)
+}
+
 fn spec(digest: &str, effect: &str, counter: &Counter, journal: Arc<Recorder>) -> AttemptSpec {
     AttemptSpec {
         digest: digest.to_owned(),
@@ -152,14 +158,7 @@ fn spec(digest: &str, effect: &str, counter: &Counter, journal: Arc<Recorder>) -
 /// lost lease abandons it, anything else is the host's failure.
 #[tokio::test]
 async fn a_refused_effect_ends_the_attempt_as_its_kind_says() {
-    let counter = Counter::start().await;
-    let sandbox = Sandbox::new(SandboxConfig {
-        max_instances: 4,
-        allow_loopback_egress: true,
-        ..SandboxConfig::default()
-    })
-    .unwrap();
-    let digest = sandbox.validate(&guest("effects")).await.unwrap();
+    let (counter, sandbox, digest) = effects_sandbox().await;
     let quota = "the run's max_run_bytes quota of 100 bytes is used up";
     for effect in ["step", "invoke", "send"] {
         for refuse in [

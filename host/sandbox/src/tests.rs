@@ -171,29 +171,6 @@ fn digest_is_lowercase_sha256_hex() {
 
 #[tokio::test]
 async fn run_of_an_unloaded_digest_is_a_host_error() {
-    struct Nop;
-    #[async_trait::async_trait]
-    impl Journal for Nop {
-        async fn complete_step(&self, _: &str, _: u32, _: &[u8]) -> Result<(), JournalError> {
-            Ok(())
-        }
-        async fn send_event(
-            &self,
-            _: &str,
-            _: serde_json::Value,
-            _: &str,
-        ) -> Result<(), JournalError> {
-            Ok(())
-        }
-        async fn start_run(&self, _: &str, _: &[u8], _: &str) -> Result<String, JournalError> {
-            Err(JournalError::Failed("no runs here".into()))
-        }
-        async fn load_step(&self, _: &str, _: u32) -> Result<Vec<u8>, JournalError> {
-            Err(JournalError::Failed("no stored steps here".into()))
-        }
-        fn log(&self, _: LogLine) {}
-        fn progress(&self, _: Progress) {}
-    }
     let r = sandbox()
         .run(AttemptSpec {
             digest: "00".repeat(32),

@@ -182,8 +182,9 @@ pub(crate) static RECORD: LazyLock<Script> =
 
 /// ARGV[5..]: id, token, then the transitions `wasq_core::lifecycle::finish` computed: the
 /// outcome's (T_ARGS), then for a run that resumed and for a run whose cancel was
-/// requested '0' when it is the same or '1' and that transition, then for a wait: wait JSON, step field, until or '', 'event'|'run', event name or run id, the
-/// resolution of a missing run.
+/// requested '0' when it is the same or '1' and that transition, then for a wait: wait
+/// JSON, step field, until or '', 'event'|'run', event name or run id, the resolution of
+/// a missing run.
 pub(crate) static FINISH: LazyLock<Script> =
     LazyLock::new(|| tenant_script(include_str!("lua/finish.lua")));
 

@@ -77,16 +77,18 @@ pub(crate) fn insert_run(
                          AND status = 'queued'",
                 )
                 .map_err(internal)?;
-            let rows = stmt
+            let mut rows = stmt
                 .query_map(params![req.tenant, g.id], |r| {
                     Ok((r.get::<_, String>(0)?, r.get::<_, u32>(1)?))
                 })
                 .map_err(internal)?;
-            let queued: Vec<(String, u32)> = rows.collect::<Result<_, _>>().map_err(internal)?;
-            queued
-                .into_iter()
-                .find(|&(_, attempt)| lifecycle::debounce_replaces(RunStatus::Queued, attempt))
-                .map(|(id, _)| id)
+            rows.find_map(|row| match row {
+                Ok((id, attempt)) => {
+                    lifecycle::debounce_replaces(RunStatus::Queued, attempt).then_some(Ok(id))
+                }
+                Err(e) => Some(Err(internal(e))),
+            })
+            .transpose()?
         }
         None => None,
     };
