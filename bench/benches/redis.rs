@@ -6,6 +6,12 @@
 //! run instantiates the `echo` component in a fresh wasmtime store. BullMQ's is
 //! `bench/bullmq/drain.mjs` (bullmq from npm, installed with `npm ci` on first use).
 //!
+//! Redis's own cost is printed per phase from `INFO` before and after it: CPU µs per run
+//! (user + sys of the server process; the figure that bounds what one shard carries
+//! however many workers are added), memory per run (after the enqueue: what a queued run
+//! takes) and the commands each run cost. BullMQ runs after wasq on the same server,
+//! emptied first.
+//!
 //! `cargo bench -p wasq-bench --bench redis` (N defaults to 20000; `WASQ_BENCH_N` sets it).
 
 use std::path::Path;
@@ -20,6 +26,80 @@ use wasq_store_redis::RedisStore;
 use wasq_store_redis::testing::{RedisOptions, RedisServer};
 
 const CONCURRENCY: usize = 50;
+
+/// What Redis had spent when read: CPU seconds, memory in use and, per command, calls
+/// and µs.
+struct RedisStats {
+    cpu: f64,
+    memory: f64,
+    commands: std::collections::BTreeMap<String, (u64, u64)>,
+}
+
+impl RedisStats {
+    fn read(port: u16) -> RedisStats {
+        let out = Command::new("redis-cli")
+            .args(["-p", &port.to_string(), "info", "all"])
+            .output()
+            .expect("redis-cli runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut cpu = 0.0;
+        let mut memory = 0.0;
+        let mut commands = std::collections::BTreeMap::new();
+        for line in text.lines() {
+            let Some((key, value)) = line.trim().split_once(':') else {
+                continue;
+            };
+            if key == "used_cpu_sys" || key == "used_cpu_user" {
+                cpu += value.parse::<f64>().unwrap_or(0.0);
+            } else if key == "used_memory" {
+                memory = value.parse().unwrap_or(0.0);
+            } else if let Some(name) = key.strip_prefix("cmdstat_") {
+                let field = |f: &str| {
+                    value
+                        .split(',')
+                        .find_map(|kv| kv.strip_prefix(f))
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .unwrap_or(0)
+                };
+                commands.insert(name.to_string(), (field("calls="), field("usec=")));
+            }
+        }
+        RedisStats {
+            cpu,
+            memory,
+            commands,
+        }
+    }
+
+    /// Prints what `self` .. `later` cost per run: CPU, and calls and µs of each command.
+    fn report(&self, later: &RedisStats, what: &str, runs: usize) {
+        let n = runs as f64;
+        let mut line = format!(
+            "  redis {what}: {:.1} µs CPU/run, {:+.0} B/run;",
+            (later.cpu - self.cpu) * 1e6 / n,
+            (later.memory - self.memory) / n
+        );
+        let mut rows: Vec<(String, f64, f64)> = later
+            .commands
+            .iter()
+            .filter_map(|(name, &(calls, usec))| {
+                let (c0, u0) = self.commands.get(name).copied().unwrap_or((0, 0));
+                (calls > c0).then(|| {
+                    (
+                        name.clone(),
+                        (calls - c0) as f64 / n,
+                        (usec - u0) as f64 / n,
+                    )
+                })
+            })
+            .collect();
+        rows.sort_by(|a, b| b.2.total_cmp(&a.2));
+        for (name, calls, usec) in rows.iter().take(8) {
+            line.push_str(&format!(" {name} {calls:.2}×/{usec:.1}µs"));
+        }
+        println!("{line}");
+    }
+}
 
 async fn active(store: &RedisStore) -> bool {
     for status in [RunStatus::Queued, RunStatus::Running] {
@@ -37,7 +117,7 @@ async fn active(store: &RedisStore) -> bool {
     false
 }
 
-async fn wasq(url: &str, n: usize) -> (f64, f64) {
+async fn wasq(url: &str, port: u16, n: usize) -> (f64, f64) {
     let dir = tempfile::tempdir().unwrap();
     let shutdown = CancellationToken::new();
 
@@ -57,6 +137,7 @@ async fn wasq(url: &str, n: usize) -> (f64, f64) {
             .await
             .unwrap(),
     );
+    let before = RedisStats::read(port);
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for t in 0..CONCURRENCY {
@@ -80,6 +161,7 @@ async fn wasq(url: &str, n: usize) -> (f64, f64) {
     }
     tasks.join_all().await;
     let enqueue = start.elapsed();
+    let enqueued = RedisStats::read(port);
 
     let mut config = wasq_tests::test_config(dir.path().join("worker"));
     config.store = StoreBackend::Redis(url.into());
@@ -93,10 +175,13 @@ async fn wasq(url: &str, n: usize) -> (f64, f64) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let drain = start.elapsed();
+    let drained = RedisStats::read(port);
     shutdown.cancel();
     let _ = worker.wait().await;
     let _ = server.wait().await;
     let per_sec = n as f64 / drain.as_secs_f64();
+    before.report(&enqueued, "wasq enqueue", n);
+    enqueued.report(&drained, "wasq drain", n);
     println!(
         "{{\"system\":\"wasq\",\"n\":{n},\"concurrency\":{CONCURRENCY},\"enqueue_ms\":{:.1},\"drain_ms\":{:.1},\"per_sec\":{per_sec:.0}}}",
         enqueue.as_secs_f64() * 1e3,
@@ -115,6 +200,7 @@ fn bullmq(port: u16, n: usize) -> (f64, f64) {
             .expect("npm (Node.js) is needed for the BullMQ side");
         assert!(ok.success(), "npm ci failed in {}", dir.display());
     }
+    let before = RedisStats::read(port);
     let out = Command::new("node")
         .arg("drain.mjs")
         .args([port.to_string(), n.to_string(), CONCURRENCY.to_string()])
@@ -126,6 +212,7 @@ fn bullmq(port: u16, n: usize) -> (f64, f64) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    before.report(&RedisStats::read(port), "BullMQ add + process", n);
     let line = String::from_utf8_lossy(&out.stdout);
     println!("{}", line.trim());
     let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
@@ -144,7 +231,11 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let (wq_enqueue, wq_drain) = rt.block_on(wasq(&redis.url(), n));
+    let (wq_enqueue, wq_drain) = rt.block_on(wasq(&redis.url(), redis.port(), n));
+    // BullMQ starts from an empty Redis: neither wasq's runs nor the Lua state its
+    // scripts left behind weigh on its figures.
+    redis.cli(&["FLUSHALL"]);
+    redis.cli(&["SCRIPT", "FLUSH"]);
     let (bm_enqueue, bm_drain) = bullmq(redis.port(), n);
     println!(
         "no-op runs through one Redis, one worker at concurrency {CONCURRENCY}, {n} jobs, {} cores:",

@@ -3,9 +3,11 @@
 //!
 //! # Key decision
 //!
-//! Every state transition is one Lua script (`scripts.rs`) over the keys of one tenant,
-//! and every key of a tenant carries the hash tag `{tenant}`: a tenant's keys share a
-//! Cluster slot, each transition is atomic, and tenants spread over the shards.
+//! Every state transition is one Lua script (`scripts.rs`; a function of one library
+//! loaded with `FUNCTION LOAD`, reloaded by the store when a Redis lost it) over the keys
+//! of one tenant, and every key of a tenant carries the hash tag `{tenant}`: a tenant's
+//! keys share a Cluster slot, each transition is atomic, and tenants spread over the
+//! shards.
 //! Time always comes from the injected [`Clock`] as a script argument (never Redis `TIME`),
 //! and nothing depends on Redis key expiry, so the conformance suite drives this backend
 //! with a manual clock like any other. Scripts keep scalar fields (status, attempt, lease
@@ -137,7 +139,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
-use redis::{Cmd, FromRedisValue, Script, Value};
+use redis::{Cmd, FromRedisValue, Value};
 use wasq_core::flow::{FlowPlan, Gate};
 use wasq_core::lifecycle::{self, Admission};
 use wasq_core::*;
@@ -146,6 +148,7 @@ use admission::{Debounced, flow_args};
 use attempt::storage_refusal;
 use conn::{AnyConn, BlockSource, Wake, redis_err, timed_out};
 use decode::{array, corrupt, hash, int, string};
+use scripts::TenantScript;
 
 /// How a [`RedisStore`] connects; every field has a default.
 #[derive(Debug, Clone)]
@@ -474,7 +477,7 @@ impl RedisStore {
     /// Runs a tenant script; returns its status word and the rest of its reply.
     async fn script(
         &self,
-        script: &Script,
+        script: &TenantScript,
         tenant: &str,
         args: Args,
     ) -> Result<(String, Vec<Value>), StoreError> {
@@ -485,14 +488,16 @@ impl RedisStore {
     /// ids were minted with, which becomes their `created_at` (see `wasq_core::ids`).
     async fn script_at(
         &self,
-        script: &Script,
+        script: &TenantScript,
         tenant: &str,
         now: i64,
         args: Args,
     ) -> Result<(String, Vec<Value>), StoreError> {
         let prefix = self.tenant_prefix(tenant);
-        let mut inv = script.prepare_invoke();
-        inv.key(format!("{prefix}meta"))
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(scripts::LIBRARY.function(script))
+            .arg(1)
+            .arg(format!("{prefix}meta"))
             .arg(&prefix)
             .arg(if self.inner.cluster {
                 ""
@@ -502,13 +507,35 @@ impl RedisStore {
             .arg(now)
             .arg(tenant);
         for a in &args.0 {
-            inv.arg(a.as_slice());
+            cmd.arg(a.as_slice());
         }
         let mut c = self.inner.conn.clone();
-        let reply: Value = self.timed(inv.invoke_async(&mut c)).await?;
+        let call = tokio::time::timeout(self.inner.op_timeout, cmd.query_async(&mut c));
+        let reply: Value = match call.await {
+            Ok(Err(e)) if scripts::is_missing_function(&e) => {
+                self.load_library().await?;
+                self.timed(cmd.query_async(&mut c)).await?
+            }
+            Ok(r) => r.map_err(redis_err)?,
+            Err(_) => return Err(timed_out(self.inner.op_timeout)),
+        };
         let mut items = array(reply)?.into_iter();
         let status = string(items.next().ok_or_else(|| corrupt("empty script reply"))?)?;
         Ok((status, items.collect()))
+    }
+
+    /// Loads the tenant scripts' library (on every primary of a cluster). Loading it
+    /// again is harmless: the same source replaces itself.
+    async fn load_library(&self) -> Result<(), StoreError> {
+        tracing::debug!("loading the scripts' function library into Redis");
+        self.query::<Value>(
+            redis::cmd("FUNCTION")
+                .arg("LOAD")
+                .arg("REPLACE")
+                .arg(&scripts::LIBRARY.source),
+        )
+        .await?;
+        Ok(())
     }
 
     /// Cluster: applies what a tenant script published (next due time, wake-ups) to the

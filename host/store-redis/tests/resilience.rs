@@ -1,6 +1,7 @@
 //! Failure and wake-up behaviour against real redis-server processes: a dead or frozen
 //! Redis gives `Unavailable` quickly and the same store recovers; idle workers wake on new
-//! work and at due times; a big tenant does not starve a small one; startup warnings.
+//! work and at due times; a big tenant does not starve a small one; startup warnings; a
+//! Redis that lost the scripts' function library gets it back from the store.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,6 +25,19 @@ async fn deploy(store: &RedisStore, tenant: &str) {
         .expect("deploy");
 }
 
+/// A store on `url` in its own namespace, with function "f" deployed for tenant "t".
+async fn deployed(url: &str, namespace: &str) -> RedisStore {
+    let store = RedisStore::connect_with(
+        url,
+        Arc::new(SystemClock),
+        StoreOptions::default().with_namespace(namespace),
+    )
+    .await
+    .unwrap();
+    deploy(&store, "t").await;
+    store
+}
+
 fn request(tenant: &str, due_at: Option<i64>) -> EnqueueRequest {
     EnqueueRequest {
         tenant: tenant.into(),
@@ -44,6 +58,12 @@ fn claim_req(limit: usize) -> ClaimRequest {
         limit,
         lease_ms: 30_000,
     }
+}
+
+/// The ids of the runs one claim of up to `limit` gets, in the order it got them.
+async fn claimed_ids(store: &RedisStore, limit: usize) -> Vec<String> {
+    let claimed = store.claim(claim_req(limit)).await.unwrap();
+    claimed.into_iter().map(|c| c.run.id).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -100,13 +120,7 @@ async fn a_dead_redis_is_unavailable_quickly_and_the_store_recovers() {
         "restarted: the same store enqueued again after {:?}",
         t.elapsed()
     );
-    let got: Vec<_> = store
-        .claim(claim_req(10))
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|c| c.run.id)
-        .collect();
+    let got = claimed_ids(&store, 10).await;
     assert_eq!(
         got,
         [before.id, after.id],
@@ -148,14 +162,7 @@ async fn a_frozen_redis_times_out_and_the_store_goes_on() {
 /// An idle worker wakes when a run is enqueued, and at a delayed run's due time, by its
 /// own timer.
 async fn wake_ups(url: &str) {
-    let store = RedisStore::connect_with(
-        url,
-        Arc::new(SystemClock),
-        StoreOptions::default().with_namespace("wake"),
-    )
-    .await
-    .unwrap();
-    deploy(&store, "t").await;
+    let store = deployed(url, "wake").await;
 
     // Nothing to do: waits the full time.
     let t = Instant::now();
@@ -342,4 +349,47 @@ async fn abandoned_waits_share_one_connection_and_lose_no_token() {
         "{:?}",
         t.elapsed()
     );
+}
+
+/// A Redis that lost the scripts' library (restarted without persistence, a replica
+/// promoted before the library reached it: here `FUNCTION FLUSH` on every node) gets it
+/// loaded again by the next call, which then runs once: nothing is lost or doubled.
+async fn lost_library(url: &str, nodes: &[&RedisServer]) {
+    let store = deployed(url, "lib").await;
+    let before = store.enqueue(request("t", None)).await.unwrap().run;
+    for node in nodes {
+        assert_eq!(node.cli(&["FUNCTION", "FLUSH"]).trim(), "OK");
+        assert_eq!(node.cli(&["FUNCTION", "LIST"]).trim(), "");
+    }
+    let after = store.enqueue(request("t", None)).await.unwrap().run;
+    let mut got = claimed_ids(&store, 10).await;
+    got.sort();
+    assert_eq!(got, [before.id, after.id], "each run exactly once");
+    // Loaded on every node that had lost it (a cluster's tenants live on all of them).
+    let loaded = nodes
+        .iter()
+        .filter(|n| n.cli(&["FUNCTION", "LIST"]).contains("wasq_"))
+        .count();
+    assert!(loaded >= 1, "the library is back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_script_library_is_loaded_again_single_node() {
+    let server = RedisServer::start(RedisOptions::default());
+    lost_library(&server.url(), &[&server]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_script_library_is_loaded_again_cluster() {
+    let cluster = RedisCluster::start(3);
+    let nodes: Vec<&RedisServer> = cluster.nodes().iter().collect();
+    lost_library(&cluster.url(), &nodes).await;
+    // FUNCTION LOAD went to every master, not only the one that answered.
+    for node in &nodes {
+        assert!(
+            node.cli(&["FUNCTION", "LIST"]).contains("wasq_"),
+            "{}",
+            node.port()
+        );
+    }
 }

@@ -81,10 +81,11 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'ready', '-inf', NOW, 'LIMI
   redis.call('ZADD', P .. 'q', I(tonumber(h[1]) + tonumber(h[2] or '0')), id)
 end
 local room = LIMIT
-local maxr = redis.call('HGET', P .. 'quotas', 'max_running')
-if maxr then room = math.min(room, tonumber(maxr) - redis.call('ZCARD', P .. 'leases')) end
+local maxr = quota('max_running')
+if maxr then room = math.min(room, maxr - redis.call('ZCARD', P .. 'leases')) end
 local out = {}
 local parks = @PARK_BUDGET@
+local ATT_COST, claimed_bytes = C_ATT + #WORKER_JSON, 0
 -- The lane's best runs, fetched a batch at a time: the loop only takes runs out of the
 -- lane (leased, parked or stale), so the next batch starts at the lane's head again.
 local head, hi = {}, 1
@@ -98,7 +99,8 @@ while #out < room and parks > 0 do
   local rk = runkey(id)
   -- MOVE_FIELDS first (handed to move), then what the gates and the lease need.
   local r = redis.call('HMGET', rk, 'status', 'created_at', 'wait_event', 'wait_run', 'cgate',
-    'parked', 'attempt', 'climit', 'tgate', 'tlimit', 'tperiod', 'nosteps', 'lease_token')
+    'parked', 'attempt', 'climit', 'tgate', 'tlimit', 'tperiod', 'nosteps', 'lease_token',
+    'sbytes')
   local status, cgate, attempt, climit = r[1], r[5], r[7], r[8]
   local tgate, tlimit, tperiod = r[9], r[10], r[11]
   local throttled = false
@@ -122,14 +124,18 @@ while #out < room and parks > 0 do
     -- (wasq_core::lifecycle::claimed_attempt) as a table by status, CLAIM_STEP.
     local step = CLAIM_STEP[status]
     local n, resumed = math.max(tonumber(attempt) + step[1], step[3]), step[2]
+    -- The new execution's record is charged to the run within the move (its fields hold
+    -- no blob, so the move charges nothing itself) and to the tenant once per claim.
     move(id, 'running', { 'attempt', I(n), 'resumed', resumed,
       'lease_expires_at', I(NOW + LEASE), 'worker', WORKER,
-      'lease_token', I(tonumber(r[13] or '0') + 1) }, r)
+      'lease_token', I(tonumber(r[13] or '0') + 1),
+      'sbytes', I(tonumber(r[14] or '0') + ATT_COST) }, r)
     redis.call('RPUSH', P .. 'att:' .. id, I(n) .. '|' .. I(NOW) .. '|' .. WORKER_JSON)
-    charge(id, C_ATT + #WORKER_JSON)
+    claimed_bytes = claimed_bytes + ATT_COST
     out[#out + 1] = load_run(id, r[12] == '1')
   end
 end
+charge(nil, claimed_bytes)
 -- Wake other workers only for what this claim left behind.
 if wake > 0 then wake = math.min(wake, redis.call('ZCARD', P .. 'q')) end
 -- A visit that found nothing republishes anyway, repairing a stale global hint.

@@ -27,7 +27,7 @@ end
 -- fails the run (an error is always stored). It is kept twice, as the run's output and
 -- in the resolution its waiters receive, and charged by `move`.
 if t.hasout == '1' then
-  local full = run_full(ID, run_bytes(ID), mem(#t.out) + mem(#t.res))
+  local full = run_full(ID, nil, mem(#t.out) + mem(#t.res))
   if full then return full end
 end
 local W = o

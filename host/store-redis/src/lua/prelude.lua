@@ -1,7 +1,7 @@
-local P = ARGV[1]
-local G = ARGV[2]
-local NOW = tonumber(ARGV[3])
-local TENANT = ARGV[4]
+-- The state of one call, set by `enter` (at the end of this file) before a function's
+-- body runs: the library is loaded once and its functions share these. ARGV[1..4]:
+-- tenant key prefix P, global prefix G (or ''), now, tenant.
+local ARGV, P, G, NOW, TENANT
 local WINDOW = @WINDOW@
 local WAKEMAX = @WAKEMAX@
 local FLOW_ARGS = @FLOW_ARGS@
@@ -17,7 +17,7 @@ local function runkey(id) return P .. 'run:' .. id end
 -- run's first line or step creates it. Key names count at their length (the tenant's
 -- prefix P varies); the constants are net of it.
 local C_RUN, C_ATT, C_STEP, C_LOG, C_EVENT, C_FN = @COSTS@
-local KEY = @KEY_COST@ + #P
+local KEY
 -- IDEM: an idempotency key's overhead besides the key itself (twice): the run's
 -- `idempotency_key` field and the entry in `idem:<function>` with its `created_at:id`.
 local IDEM = 130
@@ -37,10 +37,20 @@ local function mem(n)
   return math.ceil(need / class) * class
 end
 local INLINE = @INLINE@
+-- The tenant's quotas, read once per script call (one HMGET for all five) on first use;
+-- no script changes them (directory.rs writes them from Rust).
+local QUOTA_NAMES = { 'max_running', 'max_queued', 'max_stored_bytes', 'max_run_bytes',
+  'max_run_log_bytes' }
+local QUOTAS = nil
 local function quota(name)
-  local q = redis.call('HGET', P .. 'quotas', name)
-  if q then return tonumber(q) end
-  return nil
+  if not QUOTAS then
+    QUOTAS = {}
+    local v = redis.call('HMGET', P .. 'quotas', unpack(QUOTA_NAMES))
+    for i, n in ipairs(QUOTA_NAMES) do
+      if v[i] then QUOTAS[n] = tonumber(v[i]) end
+    end
+  end
+  return QUOTAS[name]
 end
 local function stored() return tonumber(redis.call('HGET', P .. 'usage', 'stored') or '0') end
 -- Adds n bytes to the tenant's usage and, with an id, to the run's `field` (sbytes).
@@ -49,20 +59,26 @@ local function charge(id, n, field)
   redis.call('HINCRBY', P .. 'usage', 'stored', n)
   if id then redis.call('HINCRBY', runkey(id), field or 'sbytes', n) end
 end
--- nil when the tenant has room for n more bytes, else the reply refusing them.
+-- nil when the tenant has room for n more bytes, else the reply refusing them. Usage is
+-- only read when there is a quota to hold it against.
 local function tenant_full(n)
   local max = quota('max_stored_bytes')
+  if not max then return nil end
   local used = stored()
-  if max and used + n > max then return { 'storage', 'tenant', I(used), I(n), I(max) } end
+  if used + n > max then return { 'storage', 'tenant', I(used), I(n), I(max) } end
   return nil
 end
--- nil when run `id` (used: its bytes so far) and its tenant have room for n more bytes.
+local function run_bytes(id) return tonumber(redis.call('HGET', runkey(id), 'sbytes') or '0') end
+-- nil when run `id` (used: its bytes so far, nil to read them) and its tenant have room
+-- for n more bytes.
 local function run_full(id, used, n)
   local max = quota('max_run_bytes')
-  if max and used + n > max then return { 'storage', 'run', I(used), I(n), I(max) } end
+  if max then
+    used = used or run_bytes(id)
+    if used + n > max then return { 'storage', 'run', I(used), I(n), I(max) } end
+  end
   return tenant_full(n)
 end
-local function run_bytes(id) return tonumber(redis.call('HGET', runkey(id), 'sbytes') or '0') end
 -- The run's fields that come and go (its latest error, output, the resolution its waiters
 -- receive, its wait, its progress): charged at their size when set (`move`,
 -- `blob_delta`), the old value given back; dropped with `drop_blobs`.
@@ -442,10 +458,10 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
   -- fl.enforce: how many times the tenant's max_queued the queue may hold
   -- (wasq_core::lifecycle::Admission::cap_factor); '0' none (checked by the caller).
   if status == 'queued' and fl.enforce ~= '0' then
-    local maxq = redis.call('HGET', P .. 'quotas', 'max_queued')
+    local maxq = quota('max_queued')
     local adding = 1
     if replaced then adding = 0 end
-    if maxq and redis.call('ZCARD', P .. 'st:queued') + adding > tonumber(maxq) * tonumber(fl.enforce) then
+    if maxq and redis.call('ZCARD', P .. 'st:queued') + adding > maxq * tonumber(fl.enforce) then
       return nil, false, 'quota', 0
     end
   end
@@ -513,8 +529,8 @@ end
 
 -- Whether the tenant may start another run (its max_running quota).
 local function has_room()
-  local maxr = redis.call('HGET', P .. 'quotas', 'max_running')
-  return not maxr or redis.call('ZCARD', P .. 'leases') < tonumber(maxr)
+  local maxr = quota('max_running')
+  return not maxr or redis.call('ZCARD', P .. 'leases') < maxr
 end
 
 -- The tenant's next due time: 0 (now) when its lane holds runs it has room to start,
@@ -563,4 +579,11 @@ local function check_lease(id, token)
   if not r[1] then return 'not_found' end
   if r[1] ~= 'running' or r[2] ~= token then return 'lease_lost' end
   return nil
+end
+
+-- Starts a call: its arguments, and nothing left over from the call before.
+local function enter(args)
+  ARGV, P, G, NOW, TENANT = args, args[1], args[2], tonumber(args[3]), args[4]
+  KEY = @KEY_COST@ + #P
+  QUOTAS = nil
 end

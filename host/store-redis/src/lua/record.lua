@@ -14,7 +14,7 @@ if kind == 'step' then
   local field, output = ARGV[8], ARGV[9]
   -- A step stored already (a replayed record) adds nothing; a new one must fit.
   if redis.call('HEXISTS', P .. 'steps:' .. id, field) == 0 then
-    local full = run_full(id, run_bytes(id), step_cost(id, field, output))
+    local full = run_full(id, nil, step_cost(id, field, output))
     if full then return full end
   end
   append_logs(id, first_log, ARGV[10], ARGV[11])

@@ -24,9 +24,9 @@ for i, fname in ipairs(subs) do
   if fl.dgate ~= '' and debounce_moved(fl) then return { 'stale' } end
 end
 -- max_queued: every subscriber counts (wasq_core::lifecycle::Admission::Event).
-local maxq = redis.call('HGET', P .. 'quotas', 'max_queued')
-if maxq and k > 0 and redis.call('ZCARD', P .. 'st:queued') + k > tonumber(maxq) then
-  return { 'quota', maxq }
+local maxq = quota('max_queued')
+if maxq and k > 0 and redis.call('ZCARD', P .. 'st:queued') + k > maxq then
+  return { 'quota', I(maxq) }
 end
 -- Storage: the event's dedup record and every run it starts, refused as a whole.
 local cost = event_cost(EID)
