@@ -1,7 +1,8 @@
 //! No-op runs through Redis, wasq beside BullMQ on the same `redis-server` in the same run.
 //!
-//! Both sides first enqueue N jobs, then one worker at concurrency 50 drains them; the
-//! figure is drain throughput (jobs/s), and the enqueue rate is printed too. wasq's worker
+//! Both sides first enqueue N jobs (wasq then creates N/2 more over its HTTP API, 64
+//! requests in flight), then one worker at concurrency 50 drains them; the figure is
+//! drain throughput (jobs/s), and the enqueue and create rates are printed too. wasq's worker
 //! is the real daemon (`wasq worker` code path: no API, Redis store, sandbox per run); each
 //! run instantiates the `echo` component in a fresh wasmtime store. BullMQ's is
 //! `bench/bullmq/drain.mjs` (bullmq from npm, installed with `npm ci` on first use).
@@ -26,11 +27,36 @@ use wasq_store_redis::RedisStore;
 use wasq_store_redis::testing::{RedisOptions, RedisServer};
 
 const CONCURRENCY: usize = 50;
+/// HTTP create requests in flight at once.
+const HTTP_IN_FLIGHT: usize = 64;
+
+/// The CPU time this process (the bench: its store, API server and worker) has used, in
+/// seconds: user + system from /proc/self/stat, in clock ticks of 10 ms.
+fn process_cpu() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of the line: 11 and 12 counting from the state
+    // (field 3) as 0.
+    (ticks(11) + ticks(12)) / 100.0
+}
 
 /// What Redis had spent when read: CPU seconds, memory in use and, per command, calls
 /// and µs.
 struct RedisStats {
     cpu: f64,
+    /// This process's CPU seconds at the same moment.
+    own_cpu: f64,
     memory: f64,
     commands: std::collections::BTreeMap<String, (u64, u64)>,
 }
@@ -66,19 +92,26 @@ impl RedisStats {
         }
         RedisStats {
             cpu,
+            own_cpu: process_cpu(),
             memory,
             commands,
         }
     }
 
-    /// Prints what `self` .. `later` cost per run: CPU, and calls and µs of each command.
-    fn report(&self, later: &RedisStats, what: &str, runs: usize) {
+    /// Prints what `self` .. `later` cost per run: Redis CPU and memory, this process's CPU
+    /// (when `own`: the work was done here, not by a child process), and calls and µs of
+    /// each command.
+    fn report(&self, later: &RedisStats, what: &str, runs: usize, own: bool) {
         let n = runs as f64;
         let mut line = format!(
-            "  redis {what}: {:.1} µs CPU/run, {:+.0} B/run;",
+            "  {what}: redis {:.1} µs CPU/run, {:+.0} B/run;",
             (later.cpu - self.cpu) * 1e6 / n,
-            (later.memory - self.memory) / n
+            (later.memory - self.memory) / n,
         );
+        if own {
+            let own = (later.own_cpu - self.own_cpu) * 1e6 / n;
+            line.push_str(&format!(" bench process {own:.0} µs CPU/run;"));
+        }
         let mut rows: Vec<(String, f64, f64)> = later
             .commands
             .iter()
@@ -129,7 +162,10 @@ async fn wasq(url: &str, port: u16, n: usize) -> (f64, f64) {
     config.store = StoreBackend::Redis(url.into());
     config.concurrency = 0;
     let server = wasq_server::start(config, shutdown.clone()).await.unwrap();
-    let api = wasq_tests::Api::with_key(server.addr.unwrap(), server.dev_key.clone());
+    let api = Arc::new(wasq_tests::Api::with_key(
+        server.addr.unwrap(),
+        server.dev_key.clone(),
+    ));
     api.deploy("noop", wasq_tests::guest("echo"), "").await;
 
     let store = Arc::new(
@@ -163,6 +199,25 @@ async fn wasq(url: &str, port: u16, n: usize) -> (f64, f64) {
     let enqueue = start.elapsed();
     let enqueued = RedisStats::read(port);
 
+    // Creation through the real HTTP API, HTTP_IN_FLIGHT requests at a time: these runs
+    // join the backlog the worker drains.
+    let http_n = n / 2;
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    for _ in 0..HTTP_IN_FLIGHT {
+        let (api, next) = (api.clone(), next.clone());
+        tasks.spawn(async move {
+            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < http_n {
+                let (status, body) = api.post("/v1/functions/noop/runs", r#"{"i":0}"#).await;
+                assert_eq!(status, 201, "{body}");
+            }
+        });
+    }
+    tasks.join_all().await;
+    let created = start.elapsed();
+    let http_created = RedisStats::read(port);
+
     let mut config = wasq_tests::test_config(dir.path().join("worker"));
     config.store = StoreBackend::Redis(url.into());
     config.listen = None;
@@ -179,11 +234,17 @@ async fn wasq(url: &str, port: u16, n: usize) -> (f64, f64) {
     shutdown.cancel();
     let _ = worker.wait().await;
     let _ = server.wait().await;
-    let per_sec = n as f64 / drain.as_secs_f64();
-    before.report(&enqueued, "wasq enqueue", n);
-    enqueued.report(&drained, "wasq drain", n);
+    let total = n + http_n;
+    let per_sec = total as f64 / drain.as_secs_f64();
+    before.report(&enqueued, "wasq enqueue (store API)", n, true);
+    enqueued.report(&http_created, "wasq create over HTTP", http_n, true);
+    http_created.report(&drained, "wasq drain", total, true);
     println!(
-        "{{\"system\":\"wasq\",\"n\":{n},\"concurrency\":{CONCURRENCY},\"enqueue_ms\":{:.1},\"drain_ms\":{:.1},\"per_sec\":{per_sec:.0}}}",
+        "  wasq create over HTTP: {:.0}/s ({HTTP_IN_FLIGHT} in flight, client in this process)",
+        http_n as f64 / created.as_secs_f64()
+    );
+    println!(
+        "{{\"system\":\"wasq\",\"n\":{total},\"concurrency\":{CONCURRENCY},\"enqueue_ms\":{:.1},\"drain_ms\":{:.1},\"per_sec\":{per_sec:.0}}}",
         enqueue.as_secs_f64() * 1e3,
         drain.as_secs_f64() * 1e3
     );
@@ -212,7 +273,12 @@ fn bullmq(port: u16, n: usize) -> (f64, f64) {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    before.report(&RedisStats::read(port), "BullMQ add + process", n);
+    before.report(
+        &RedisStats::read(port),
+        "BullMQ add + process (node)",
+        n,
+        false,
+    );
     let line = String::from_utf8_lossy(&out.stdout);
     println!("{}", line.trim());
     let v: serde_json::Value = serde_json::from_str(line.trim()).unwrap();

@@ -84,6 +84,11 @@ fn scenarios<S: Store + Directory>() -> Vec<(&'static str, &'static str, Scenari
             |s, c| Box::pin(runs::release(s, c)),
         ),
         (
+            "end_attempt",
+            "end_attempt answers the status finish leaves the run in",
+            |s, c| Box::pin(runs::end_attempt(s, c)),
+        ),
+        (
             "renew",
             "renewal extends leases and reports lost ones",
             |s, c| Box::pin(runs::renew(s, c)),
@@ -329,6 +334,7 @@ macro_rules! conformance_tests {
             retry,
             dead,
             release,
+            end_attempt,
             renew,
             lease_loss_cap,
             pinned_digest,

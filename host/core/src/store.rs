@@ -49,6 +49,11 @@ pub trait Queue: Send + Sync + 'static {
     /// or release. A run whose cancellation was requested ends as cancelled instead,
     /// unless it succeeded.
     async fn finish(&self, lease: &Lease, outcome: Outcome) -> Result<Run, StoreError>;
+    /// [`Queue::finish`], answering only the run's status after it: what a worker needs.
+    /// A backend may answer it without reading the whole run back.
+    async fn end_attempt(&self, lease: &Lease, outcome: Outcome) -> Result<RunStatus, StoreError> {
+        self.finish(lease, outcome).await.map(|run| run.status)
+    }
 
     /// Returns when a run may have become claimable (created, due, resumed, handed back)
     /// or after `max`, whichever is first. Backends shared by several processes wake idle

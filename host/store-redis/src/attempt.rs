@@ -3,6 +3,15 @@
 
 use super::*;
 
+/// What a finish answers: the whole run ([`Queue::finish`]) or its status only
+/// ([`Queue::end_attempt`], the worker's: a run's fields are the largest part of the
+/// script's reply, both to build in Lua and to parse here).
+#[derive(Clone, Copy)]
+pub(crate) enum FinishReply {
+    Run,
+    Status,
+}
+
 impl RedisStore {
     pub(crate) async fn record_attempt(
         &self,
@@ -43,11 +52,14 @@ impl RedisStore {
         lease_status(&status, lease, &rest)
     }
 
+    /// Ends the attempt; answers the script's run (or, for [`FinishReply::Status`], its
+    /// status word) and the output the caller already has.
     pub(crate) async fn finish_attempt(
         &self,
         lease: &Lease,
         outcome: Outcome,
-    ) -> Result<Run, StoreError> {
+        reply: FinishReply,
+    ) -> Result<(Value, Option<Vec<u8>>), StoreError> {
         let now = self.now();
         // The script knows whether the run resumed and whether its cancel was requested:
         // it picks the transition computed for its case.
@@ -59,7 +71,10 @@ impl RedisStore {
         let fresh = lifecycle::finish(ending(false, false), &outcome, now);
         let resumed = lifecycle::finish(ending(true, false), &outcome, now);
         let cancelled = lifecycle::finish(ending(false, true), &outcome, now);
-        let args = Args::new().s(&lease.run_id).n(lease.token);
+        let args = Args::new().s(&lease.run_id).n(lease.token).s(match reply {
+            FinishReply::Run => "run",
+            FinishReply::Status => "status",
+        });
         let args = transition::args(args, Some(&fresh))?;
         let args = transition::alternative(args, (resumed != fresh).then_some(&resumed))?;
         let args = transition::alternative(args, (cancelled != fresh).then_some(&cancelled))?;
@@ -86,7 +101,7 @@ impl RedisStore {
             .await?;
         lease_status(&status, lease, &rest)?;
         self.published(&lease.tenant, &mut rest).await?;
-        self.run_from(rest.into_iter().next().unwrap_or(Value::Nil), sent_output)
+        Ok((rest.into_iter().next().unwrap_or(Value::Nil), sent_output))
     }
 
     pub(crate) async fn cancel_run(&self, req: RunAction) -> Result<Run, StoreError> {

@@ -145,6 +145,7 @@ use wasq_core::lifecycle::{self, Admission};
 use wasq_core::*;
 
 use admission::{Debounced, flow_args};
+use attempt::FinishReply;
 use attempt::storage_refusal;
 use conn::{AnyConn, BlockSource, Wake, redis_err, timed_out};
 use decode::{array, corrupt, hash, int, string};
@@ -632,7 +633,17 @@ impl Queue for RedisStore {
     }
 
     async fn finish(&self, lease: &Lease, outcome: Outcome) -> Result<Run, StoreError> {
-        self.finish_attempt(lease, outcome).await
+        let reply = self
+            .finish_attempt(lease, outcome, FinishReply::Run)
+            .await?;
+        self.run_from(reply.0, reply.1)
+    }
+
+    async fn end_attempt(&self, lease: &Lease, outcome: Outcome) -> Result<RunStatus, StoreError> {
+        let (status, _) = self
+            .finish_attempt(lease, outcome, FinishReply::Status)
+            .await?;
+        string(status)?.parse().map_err(corrupt)
     }
 
     async fn wait_for_work(&self, max: Duration) -> Result<(), StoreError> {

@@ -283,7 +283,7 @@ pub(crate) static RECORD: TenantScript = TenantScript {
     read_only: false,
 };
 
-/// ARGV[5..]: id, token, then the transitions `wasq_core::lifecycle::finish` computed: the
+/// ARGV[5..]: id, token, what to answer ('run' or 'status'), then the transitions `wasq_core::lifecycle::finish` computed: the
 /// outcome's (T_ARGS), then for a run that resumed and for a run whose cancel was
 /// requested '0' when it is the same or '1' and that transition, then for a wait: wait
 /// JSON, step field, until or '', 'event'|'run', event name or run id, the resolution of

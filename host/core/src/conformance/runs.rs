@@ -471,6 +471,55 @@ pub(super) async fn release(store: impl Store, _clock: ManualClock) {
     );
 }
 
+pub(super) async fn end_attempt(store: impl Store, _clock: ManualClock) {
+    deploy_fn(&store, "f", "d", 3).await;
+    let done = enqueue(&store, "f", "{}").await;
+    let c = claim(&store, "w", 1).await.remove(0);
+    let succeeded = Outcome::Succeeded {
+        output: b"1".to_vec(),
+        fuel_used: None,
+    };
+    let status = store.end_attempt(&c.lease, succeeded.clone()).await;
+    assert_eq!(status.unwrap(), RunStatus::Succeeded);
+    let r = detail(&store, &done.id).await.run;
+    assert_eq!(
+        (r.status, r.output.as_deref()),
+        (RunStatus::Succeeded, Some(&b"1"[..]))
+    );
+    // The lease is spent, as after finish.
+    let again = store.end_attempt(&c.lease, succeeded).await.unwrap_err();
+    assert!(matches!(again, StoreError::LeaseLost(_)), "{again:?}");
+
+    // A retry queues the run again.
+    let run = enqueue(&store, "f", "{}").await;
+    let c = claim(&store, "w", 1).await.remove(0);
+    let status = store
+        .end_attempt(&c.lease, failed(ErrorReason::Retryable, Some(0)))
+        .await;
+    assert_eq!(status.unwrap(), RunStatus::Queued);
+
+    // A wait for a run that already ended resolves at once: the waiter is due again.
+    let c = claim(&store, "w", 1).await.remove(0);
+    assert_eq!(c.run.id, run.id);
+    let wait = Outcome::Waiting {
+        wait: Wait {
+            step: "call".into(),
+            occurrence: 0,
+            on: WaitOn::Run {
+                id: done.id.clone(),
+            },
+            until: None,
+        },
+        fuel_used: None,
+    };
+    let status = store.end_attempt(&c.lease, wait).await;
+    assert_eq!(status.unwrap(), RunStatus::Sleeping);
+    assert_eq!(
+        detail(&store, &run.id).await.run.status,
+        RunStatus::Sleeping
+    );
+}
+
 pub(super) async fn renew(store: impl Store, clock: ManualClock) {
     deploy_fn(&store, "f", "d", 3).await;
     enqueue(&store, "f", "1").await;

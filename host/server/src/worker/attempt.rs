@@ -30,14 +30,14 @@ pub(crate) async fn finish_while_leased(
     app: &App,
     lease: &Lease,
     outcome: &Outcome,
-) -> Result<wasq_core::Run, StoreError> {
+) -> Result<wasq_core::RunStatus, StoreError> {
     // Renewals kept the lease alive until about now; one lease length later it has surely
     // expired and another worker may hold the run, so retrying longer is pointless (the
     // store's fence rejects a stale finish either way).
     let until = app.now() + app.config.lease.as_millis() as i64;
     let mut delay = Duration::from_millis(50);
     loop {
-        match app.store.finish(lease, outcome.clone()).await {
+        match app.store.end_attempt(lease, outcome.clone()).await {
             Err(e) if e.is_retryable() && app.now() < until => {
                 tracing::warn!(error = %e, "recording the end of the attempt failed; retrying");
                 tokio::time::sleep(delay).await;
@@ -225,12 +225,12 @@ pub(crate) async fn attempt(
         ended = finish_while_leased(app, &lease, &failed).await;
     }
     match ended {
-        Ok(run) => {
-            tracing::debug!(status = %run.status, "attempt recorded");
+        Ok(status) => {
+            tracing::debug!(%status, "attempt recorded");
             // Its end may have resumed a run waiting for it, or it may be due again now.
             app.wake.notify_one();
-            if run.status.is_terminal() {
-                let _ = app.finished.send(run.id);
+            if status.is_terminal() {
+                let _ = app.finished.send(lease.run_id.clone());
             }
         }
         Err(StoreError::LeaseLost(_)) => {

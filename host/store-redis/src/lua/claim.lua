@@ -97,10 +97,7 @@ while #out < room and parks > 0 do
   if not id then break end
   hi = hi + 2
   local rk = runkey(id)
-  -- MOVE_FIELDS first (handed to move), then what the gates and the lease need.
-  local r = redis.call('HMGET', rk, 'status', 'created_at', 'wait_event', 'wait_run', 'cgate',
-    'parked', 'attempt', 'climit', 'tgate', 'tlimit', 'tperiod', 'nosteps', 'lease_token',
-    'sbytes')
+  local r = redis.call('HMGET', rk, unpack(CLAIM_FIELDS))
   local status, cgate, attempt, climit = r[1], r[5], r[7], r[8]
   local tgate, tlimit, tperiod = r[9], r[10], r[11]
   local throttled = false
@@ -126,13 +123,19 @@ while #out < room and parks > 0 do
     local n, resumed = math.max(tonumber(attempt) + step[1], step[3]), step[2]
     -- The new execution's record is charged to the run within the move (its fields hold
     -- no blob, so the move charges nothing itself) and to the tenant once per claim.
-    move(id, 'running', { 'attempt', I(n), 'resumed', resumed,
-      'lease_expires_at', I(NOW + LEASE), 'worker', WORKER,
-      'lease_token', I(tonumber(r[13] or '0') + 1),
-      'sbytes', I(tonumber(r[14] or '0') + ATT_COST) }, r)
+    local lease = { status = 'running', updated_at = I(NOW), attempt = I(n),
+      lease_expires_at = I(NOW + LEASE), lease_token = I(tonumber(r[13] or '0') + 1),
+      sbytes = I(tonumber(r[14] or '0') + ATT_COST) }
+    move(id, 'running', { 'attempt', lease.attempt, 'resumed', resumed,
+      'lease_expires_at', lease.lease_expires_at, 'worker', WORKER,
+      'lease_token', lease.lease_token, 'sbytes', lease.sbytes }, r)
     redis.call('RPUSH', P .. 'att:' .. id, I(n) .. '|' .. I(NOW) .. '|' .. WORKER_JSON)
     claimed_bytes = claimed_bytes + ATT_COST
-    out[#out + 1] = load_run(id, r[12] == '1')
+    -- The run as the move left it: what it read, with what the move wrote (`move` sets
+    -- status, updated_at and these fields, and drops `parked`, which replies leave out).
+    local fields = { unpack(r, CLAIM_RUN) }
+    for f, v in pairs(lease) do fields[RUN_AT[f]] = v end
+    out[#out + 1] = load_run(id, r[12] == '1', fields)
   end
 end
 charge(nil, claimed_bytes)

@@ -8,8 +8,8 @@ if not m[1] then return { 'not_found' } end
 if m[1] ~= 'running' or m[7] ~= ARGV[6] then return { 'lease_lost' } end
 -- The outcome's transition, then for a run that resumed and for one whose cancel was
 -- requested: '0' (the same) or '1' and that case's transition.
-local t = read_transition(7)
-local o, alt = 7 + T_ARGS, {}
+local t = read_transition(8)
+local o, alt = 8 + T_ARGS, {}
 for _, case in ipairs({ 'resumed', 'cancel' }) do
   if ARGV[o] == '1' then
     alt[case] = o + 1
@@ -58,5 +58,7 @@ if t.status == 'waiting' then
 end
 wake = wake + resolve_waiters_of(ID)
 local pub = publish(wake, false)
--- A success stores the output the caller sent: the reply leaves it out.
+-- ARGV[7] 'status': the run's status only (a wait may have resolved at once). A success
+-- stores the output the caller sent: the reply leaves it out.
+if ARGV[7] == 'status' then return { 'ok', pub or false, redis.call('HGET', rk, 'status') } end
 return { 'ok', pub or false, run_fields(ID, t.hasout == '1') }

@@ -123,11 +123,26 @@ local function run_fields(id, without_output)
   return redis.call('HMGET', runkey(id), unpack(RUN_FIELDS, 1, n))
 end
 
--- A claimed run and its steps. `nosteps`: the run's `nosteps` flag (set at creation,
--- cleared by its first step), so a run without steps costs no reads of its step keys.
--- Step outputs come along while they fit in INLINE bytes; the rest by reference.
-local function load_run(id, nosteps)
-  if nosteps then return { run_fields(id), {}, {} } end
+-- What a claim reads of a run, in one HMGET: MOVE_FIELDS (1-6, handed to `move`), what
+-- its gates and the lease need (7-14), then RUN_FIELDS (from CLAIM_RUN on: the reply,
+-- once patched with what the lease changed). RUN_AT: where each of RUN_FIELDS is in a
+-- run_fields reply. (Built with plain loops: a library's load sees no `ipairs` or
+-- `unpack`, only its calls do.)
+local CLAIM_FIELDS = { 'status', 'created_at', 'wait_event', 'wait_run', 'cgate', 'parked',
+  'attempt', 'climit', 'tgate', 'tlimit', 'tperiod', 'nosteps', 'lease_token', 'sbytes' }
+local CLAIM_RUN = #CLAIM_FIELDS + 1
+local RUN_AT = {}
+for i = 1, #RUN_FIELDS do
+  RUN_AT[RUN_FIELDS[i]] = i
+  CLAIM_FIELDS[CLAIM_RUN + i - 1] = RUN_FIELDS[i]
+end
+
+-- A claimed run and its steps: `fields` its run_fields as the claim has them.
+-- `nosteps`: the run's `nosteps` flag (set at creation, cleared by its first step), so a
+-- run without steps costs no reads of its step keys. Step outputs come along while they
+-- fit in INLINE bytes; the rest by reference.
+local function load_run(id, nosteps, fields)
+  if nosteps then return { fields, {}, {} } end
   local sk = P .. 'steps:' .. id
   local order = redis.call('LRANGE', P .. 'stepseq:' .. id, 0, -1)
   local outs, budget = {}, INLINE
@@ -140,7 +155,7 @@ local function load_run(id, nosteps)
       outs[#outs + 1] = redis.call('HGET', sk, field)
     end
   end
-  return { run_fields(id), order, outs }
+  return { fields, order, outs }
 end
 
 -- Flow control (see lib.rs): due runs wait in the lane `q` by rank; a run its gate holds
