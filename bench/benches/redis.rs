@@ -2,9 +2,11 @@
 //!
 //! Both sides first enqueue N jobs (wasq then creates N/2 more over its HTTP API, 64
 //! requests in flight), then one worker at concurrency 50 drains them; the figure is
-//! drain throughput (jobs/s), and the enqueue and create rates are printed too. wasq's worker
-//! is the real daemon (`wasq worker` code path: no API, Redis store, sandbox per run); each
-//! run instantiates the `echo` component in a fresh wasmtime store. BullMQ's is
+//! drain throughput (jobs/s), and the enqueue and create rates are printed too. wasq then
+//! does a second round, without the HTTP phase, with the `one_step` guest (one durable
+//! step per run, its output stored). wasq's worker is the real daemon (`wasq worker` code
+//! path: no API, Redis store, sandbox per run); each run instantiates its component in a
+//! fresh wasmtime store. BullMQ's is
 //! `bench/bullmq/drain.mjs` (bullmq from npm, installed with `npm ci` on first use).
 //!
 //! Redis's own cost is printed per phase from `INFO` before and after it: CPU µs per run
@@ -150,7 +152,10 @@ async fn active(store: &RedisStore) -> bool {
     false
 }
 
-async fn wasq(url: &str, port: u16, n: usize) -> (f64, f64) {
+/// One wasq round on a fresh API server and worker: `guest` deployed as `function`, N runs
+/// enqueued (and, with `http`, N/2 created over HTTP), then drained. Returns the enqueue
+/// and drain rates.
+async fn wasq(url: &str, port: u16, n: usize, guest: &str, http: bool) -> (f64, f64) {
     let dir = tempfile::tempdir().unwrap();
     let shutdown = CancellationToken::new();
 
@@ -166,7 +171,7 @@ async fn wasq(url: &str, port: u16, n: usize) -> (f64, f64) {
         server.addr.unwrap(),
         server.dev_key.clone(),
     ));
-    api.deploy("noop", wasq_tests::guest("echo"), "").await;
+    api.deploy(guest, wasq_tests::guest(guest), "").await;
 
     let store = Arc::new(
         RedisStore::connect(url, Arc::new(SystemClock))
@@ -177,12 +182,12 @@ async fn wasq(url: &str, port: u16, n: usize) -> (f64, f64) {
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for t in 0..CONCURRENCY {
-        let store = store.clone();
+        let (store, guest) = (store.clone(), guest.to_owned());
         tasks.spawn(async move {
             for i in (t..n).step_by(CONCURRENCY) {
                 let req = EnqueueRequest {
                     tenant: DEFAULT_TENANT.into(),
-                    function: "noop".into(),
+                    function: guest.clone(),
                     input: format!(r#"{{"i":{i}}}"#).into_bytes(),
                     trigger: "bench".into(),
                     due_at: None,
@@ -201,15 +206,16 @@ async fn wasq(url: &str, port: u16, n: usize) -> (f64, f64) {
 
     // Creation through the real HTTP API, HTTP_IN_FLIGHT requests at a time: these runs
     // join the backlog the worker drains.
-    let http_n = n / 2;
+    let http_n = if http { n / 2 } else { 0 };
+    let path = format!("/v1/functions/{guest}/runs");
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     for _ in 0..HTTP_IN_FLIGHT {
-        let (api, next) = (api.clone(), next.clone());
+        let (api, next, path) = (api.clone(), next.clone(), path.clone());
         tasks.spawn(async move {
             while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < http_n {
-                let (status, body) = api.post("/v1/functions/noop/runs", r#"{"i":0}"#).await;
+                let (status, body) = api.post(&path, r#"{"i":0}"#).await;
                 assert_eq!(status, 201, "{body}");
             }
         });
@@ -236,15 +242,23 @@ async fn wasq(url: &str, port: u16, n: usize) -> (f64, f64) {
     let _ = server.wait().await;
     let total = n + http_n;
     let per_sec = total as f64 / drain.as_secs_f64();
-    before.report(&enqueued, "wasq enqueue (store API)", n, true);
-    enqueued.report(&http_created, "wasq create over HTTP", http_n, true);
-    http_created.report(&drained, "wasq drain", total, true);
-    println!(
-        "  wasq create over HTTP: {:.0}/s ({HTTP_IN_FLIGHT} in flight, client in this process)",
-        http_n as f64 / created.as_secs_f64()
+    before.report(
+        &enqueued,
+        &format!("wasq {guest} enqueue (store API)"),
+        n,
+        true,
     );
+    if http {
+        let what = format!("wasq {guest} create over HTTP");
+        enqueued.report(&http_created, &what, http_n, true);
+        println!(
+            "  {what}: {:.0}/s ({HTTP_IN_FLIGHT} in flight, client in this process)",
+            http_n as f64 / created.as_secs_f64()
+        );
+    }
+    http_created.report(&drained, &format!("wasq {guest} drain"), total, true);
     println!(
-        "{{\"system\":\"wasq\",\"n\":{total},\"concurrency\":{CONCURRENCY},\"enqueue_ms\":{:.1},\"drain_ms\":{:.1},\"per_sec\":{per_sec:.0}}}",
+        "{{\"system\":\"wasq\",\"guest\":\"{guest}\",\"n\":{total},\"concurrency\":{CONCURRENCY},\"enqueue_ms\":{:.1},\"drain_ms\":{:.1},\"per_sec\":{per_sec:.0}}}",
         enqueue.as_secs_f64() * 1e3,
         drain.as_secs_f64() * 1e3
     );
@@ -297,7 +311,8 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let (wq_enqueue, wq_drain) = rt.block_on(wasq(&redis.url(), redis.port(), n));
+    let (wq_enqueue, wq_drain) = rt.block_on(wasq(&redis.url(), redis.port(), n, "echo", true));
+    let (_, wq_step_drain) = rt.block_on(wasq(&redis.url(), redis.port(), n, "one_step", false));
     // BullMQ starts from an empty Redis: neither wasq's runs nor the Lua state its
     // scripts left behind weigh on its figures.
     redis.cli(&["FLUSHALL"]);
@@ -312,6 +327,10 @@ fn main() {
     println!(
         "  drain:   wasq {wq_drain:.0}/s, BullMQ {bm_drain:.0}/s, ratio {:.2}",
         wq_drain / bm_drain
+    );
+    println!(
+        "  drain, wasq with one durable step per run: {wq_step_drain:.0}/s, ratio to BullMQ's no-op {:.2}",
+        wq_step_drain / bm_drain
     );
     println!(
         "  enqueue: wasq {wq_enqueue:.0}/s (one enqueue per call, 50 in flight), BullMQ {bm_enqueue:.0}/s (addBulk of 1000), ratio {:.2}",
