@@ -3,12 +3,12 @@
 //!
 //! The scripts are the `.lua` files next to this one, filled in by one template scheme
 //! (`@NAME@` placeholders, see `placeholders`). The tenant scripts are the functions of
-//! one Redis function library ([`LIBRARY`], called with FCALL): `lua/prelude.lua` defines
-//! the helpers that keep a run's hash and every index in step, once per library load,
-//! and each function first `enter`s its call's common arguments (`ARGV[1..4]`: tenant key
-//! prefix, global prefix or `""`, now, tenant). Script-specific arguments start at
-//! `ARGV[5]`. The few scripts over global keys (`HINT`, the tenant directory's) are
-//! plain EVALSHA scripts.
+//! one Redis function library ([`LIBRARY`], called with FCALL). Once per library load,
+//! `lua/prelude.lua` defines the helpers that keep a run's hash and every index in step
+//! and `lua/admission.lua` those that create runs; each function first `enter`s its
+//! call's common arguments (`ARGV[1..4]`: tenant key prefix, global prefix or `""`, now,
+//! tenant). Script-specific arguments start at `ARGV[5]`. The few scripts over global
+//! keys (`HINT`, the tenant directory's) are plain EVALSHA scripts.
 //!
 //! Rules the scripts follow:
 //! - Time is `ARGV[3]`, from the store's injected clock; never Redis `TIME`.
@@ -176,9 +176,10 @@ impl Library {
 
 pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
     let mut code = format!(
-        "{}\n{}\n",
+        "{}\n{}\n{}\n",
         include_str!("lua/apply_hint.lua"),
-        include_str!("lua/prelude.lua")
+        include_str!("lua/prelude.lua"),
+        include_str!("lua/admission.lua")
     );
     for s in TENANT_SCRIPTS {
         let flags = if s.read_only { "'no-writes'" } else { "" };

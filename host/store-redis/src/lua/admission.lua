@@ -1,0 +1,138 @@
+-- Admission, after the prelude in the scripts' library: the flow arguments Rust computed
+-- for a new run, and `insert_run`, which creates a run (enqueue.lua, send_event.lua).
+
+-- The flow-control arguments of one run, computed by Rust from the function's settings
+-- and the run's input (FLOW_ARGS of them, from ARGV[i]).
+local function read_flow(i)
+  local a = function(k) return ARGV[i + k] end
+  return {
+    prio = a(0), offset = a(1), cgate = a(2), climit = a(3), tgate = a(4), tlimit = a(5),
+    tperiod = a(6), rgate = a(7), rlimit = a(8), rperiod = a(9), dgate = a(10),
+    dperiod = a(11), keys = a(12), rerr = a(13), rres = a(14), derr = a(15), dprev = a(16),
+    dres = a(17), enforce = a(18), dver = a(19), drep = a(20),
+  }
+end
+
+-- Whether the debounce key of `fl`, or the status and attempt of the run it points to,
+-- moved since Rust read them (fl.dprev, fl.dver).
+local function debounce_moved(fl)
+  local prev = redis.call('HGET', P .. 'deb', fl.dgate)
+  if (prev or '') ~= fl.dprev then return true end
+  if not prev then return false end
+  local r = redis.call('HMGET', runkey(prev), 'status', 'attempt')
+  return (r[1] or '') .. '|' .. (r[2] or '') ~= fl.dver
+end
+
+-- What a new run costs: the per-run overhead (with its `run:` and `att:` key names),
+-- everything its hash keeps whole, and its idempotency key.
+local function run_cost(input, trigger, settings, idem, retry, fl)
+  local c = C_RUN + 2 * #P + mem(#input) + mem(#trigger) + mem(#settings) + mem(#retry)
+    + mem(#fl.keys)
+  if idem ~= '' then c = c + 2 * mem(#idem) + IDEM end
+  return c
+end
+
+-- Creates a run of function `fname`, or returns the run created earlier with the same
+-- idempotency key within the window. `settings` is the function's settings blob Rust
+-- computed `fl` from. Applies the rate limit (the run is created skipped), debounce (the
+-- pending run of the key is skipped), the tenant's max_queued (when fl.enforce) and its
+-- storage quotas. Returns id, created, error ('not_found', 'stale', 'quota', or a
+-- 'storage' reply), runs woken.
+local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max, parent, settings, fl)
+  local f = redis.call('HMGET', P .. 'fn:' .. fname, 'digest', 'settings', 'max_attempts')
+  if not f[1] then return nil, false, 'not_found', 0 end
+  if f[2] ~= settings then return nil, false, 'stale', 0 end
+  local ik = P .. 'idem:' .. fname
+  if idem ~= '' then
+    local v = redis.call('HGET', ik, idem)
+    if v then
+      local sep = string.find(v, ':', 1, true)
+      local created, old = tonumber(string.sub(v, 1, sep - 1)), string.sub(v, sep + 1)
+      local exists = redis.call('EXISTS', runkey(old)) == 1
+      if exists and created > NOW - WINDOW then return old, false, nil, 0 end
+      -- Past its window the key is free again; the old run keeps its history.
+      if exists then redis.call('HDEL', runkey(old), 'idempotency_key') end
+    end
+  end
+  local status = 'queued'
+  if fl.rgate ~= '' and window_full(fl.rgate, tonumber(fl.rlimit), tonumber(fl.rperiod)) then
+    status = 'skipped'
+  end
+  local replaced = nil
+  if status == 'queued' and fl.dgate ~= '' then
+    -- Rust read the run the key points to, decided whether this run replaces it
+    -- (wasq_core::lifecycle::debounce_replaces) and computed its resolution.
+    if debounce_moved(fl) then return nil, false, 'stale', 0 end
+    if fl.dprev ~= '' and fl.drep == '1' then replaced = fl.dprev end
+  end
+  -- fl.enforce: how many times the tenant's max_queued the queue may hold
+  -- (wasq_core::lifecycle::Admission::cap_factor); '0' none (checked by the caller).
+  if status == 'queued' and fl.enforce ~= '0' then
+    local maxq = quota('max_queued')
+    local adding = 1
+    if replaced then adding = 0 end
+    if maxq and redis.call('ZCARD', P .. 'st:queued') + adding > maxq * tonumber(fl.enforce) then
+      return nil, false, 'quota', 0
+    end
+  end
+  local cost = run_cost(input, trigger, f[2], idem, retry, fl)
+  if status == 'skipped' then cost = cost + mem(#fl.rerr) + mem(#fl.rres) end
+  local full = run_full(id, 0, cost)
+  if full then return nil, false, full, 0 end
+  if idem ~= '' then redis.call('HSET', ik, idem, I(NOW) .. ':' .. id) end
+  local woke = 0
+  if replaced then
+    move(replaced, 'skipped', { 'error', fl.derr, 'finished_at', I(NOW), 'resolution', fl.dres })
+    woke = resolve_waiters_of(replaced)
+  end
+  if due == '' then due = I(NOW) end
+  if status == 'skipped' then due = I(NOW) end
+  if status == 'queued' and fl.dgate ~= '' then
+    if tonumber(due) < NOW + tonumber(fl.dperiod) then due = I(NOW + tonumber(fl.dperiod)) end
+    redis.call('HSET', P .. 'deb', fl.dgate, id)
+  end
+  local max = f[3]
+  if retry ~= '' then max = retry_max end
+  local fields = {
+    'id', id, 'tenant', TENANT, 'function', fname, 'digest', f[1], 'settings', f[2],
+    'max_attempts', max, 'status', status, 'input', input, 'attempt', '0',
+    'trigger', trigger, 'created_at', I(NOW), 'updated_at', I(NOW), 'due_at', due,
+    'lease_token', '0', 'cancel_requested', '0', 'resumed', '0', 'nosteps', '1',
+    'priority', fl.prio, 'rank_offset', fl.offset,
+  }
+  local function add(k, v) if v ~= '' then fields[#fields + 1] = k; fields[#fields + 1] = v end end
+  add('retry', retry)
+  add('idempotency_key', idem)
+  add('parent', parent)
+  add('keys', fl.keys)
+  add('cgate', fl.cgate)
+  if fl.cgate ~= '' then add('climit', fl.climit) end
+  add('tgate', fl.tgate)
+  if fl.tgate ~= '' then add('tlimit', fl.tlimit); add('tperiod', fl.tperiod) end
+  if status == 'queued' then add('dgate', fl.dgate) end
+  if status == 'skipped' then
+    add('error', fl.rerr)
+    add('finished_at', I(NOW))
+    add('resolution', fl.rres)
+  end
+  add('sbytes', I(cost))
+  if parent ~= '' then redis.call('ZADD', P .. 'kids:' .. parent, NOW, id) end
+  redis.call('HSET', runkey(id), unpack(fields))
+  charge(nil, cost)
+  -- The component stays while a run pins it (see collect_components in lib.rs).
+  redis.call('HINCRBY', P .. 'rdig', f[1], 1)
+  redis.call('ZADD', P .. 'all', NOW, id)
+  redis.call('ZADD', P .. 'byfn:' .. fname, NOW, id)
+  redis.call('ZADD', P .. 'st:' .. status, NOW, id)
+  if status == 'skipped' then
+    redis.call('ZADD', P .. 'ended:ok', NOW, id)
+  else
+    if tonumber(due) <= NOW then
+      redis.call('ZADD', P .. 'q', I(tonumber(due) + tonumber(fl.offset)), id)
+    else
+      redis.call('ZADD', P .. 'ready', due, id)
+    end
+    if fl.rgate ~= '' then window_log(fl.rgate, tonumber(fl.rlimit)) end
+  end
+  return id, true, nil, woke
+end
