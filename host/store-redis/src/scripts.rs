@@ -131,6 +131,24 @@ pub(crate) struct TenantScript {
     read_only: bool,
 }
 
+/// The tenant script of `lua/<name>.lua`, registered under `name`; `reads` for one that
+/// writes nothing (see [`TenantScript::read_only`]), else `writes`.
+macro_rules! tenant_script {
+    ($name:literal, reads) => {
+        tenant_script!(@ $name, true)
+    };
+    ($name:literal, writes) => {
+        tenant_script!(@ $name, false)
+    };
+    (@ $name:literal, $read_only:literal) => {
+        TenantScript {
+            name: $name,
+            body: include_str!(concat!("lua/", $name, ".lua")),
+            read_only: $read_only,
+        }
+    };
+}
+
 /// Every tenant script, each registered in the library under its name.
 const TENANT_SCRIPTS: [&TenantScript; 17] = [
     &DEPLOY,
@@ -243,76 +261,44 @@ pub(crate) static HINT: LazyLock<Script> = LazyLock::new(|| {
 
 /// ARGV[5..]: name, digest, size_bytes, settings, max_attempts, events JSON, schedule
 /// JSON or '', then the event names.
-pub(crate) static DEPLOY: TenantScript = TenantScript {
-    name: "deploy",
-    body: include_str!("lua/deploy.lua"),
-    read_only: false,
-};
+pub(crate) static DEPLOY: TenantScript = tenant_script!("deploy", writes);
 
 /// ARGV[5..]: id, function, input, trigger, due ('' = now), idempotency key or '',
 /// retry override JSON or '', its max_attempts, parent or '', the function's settings
 /// blob the flow arguments were computed from, then FLOW_ARGS flow arguments.
-pub(crate) static ENQUEUE: TenantScript = TenantScript {
-    name: "enqueue",
-    body: include_str!("lua/enqueue.lua"),
-    read_only: false,
-};
+pub(crate) static ENQUEUE: TenantScript = tenant_script!("enqueue", writes);
 
 /// ARGV[5..]: limit, lease_ms, worker, worker as a JSON string, force publish ('1'/'0'),
 /// then '' or n and n × (run id, lease token, T_ARGS transition) for expired leases.
 /// Reaps expired leases (answering `reap` with what it needs to know when no transitions
 /// came), times out waits, then leases up to `limit` due runs.
-pub(crate) static CLAIM: TenantScript = TenantScript {
-    name: "claim",
-    body: include_str!("lua/claim.lua"),
-    read_only: false,
-};
+pub(crate) static CLAIM: TenantScript = tenant_script!("claim", writes);
 
 /// ARGV[5..]: lease_ms, then run id and token pairs. Returns the ids no longer held.
-pub(crate) static RENEW: TenantScript = TenantScript {
-    name: "renew",
-    body: include_str!("lua/renew.lua"),
-    read_only: false,
-};
+pub(crate) static RENEW: TenantScript = tenant_script!("renew", writes);
 
 /// ARGV[5..]: id, token, kind; 'step': field, attempt-independent output, the two cut
 /// markers (run's log budget, tenant's quota), then log lines; 'logs': the two markers,
 /// then log lines; 'progress': progress JSON.
-pub(crate) static RECORD: TenantScript = TenantScript {
-    name: "record",
-    body: include_str!("lua/record.lua"),
-    read_only: false,
-};
+pub(crate) static RECORD: TenantScript = tenant_script!("record", writes);
 
-/// ARGV[5..]: id, token, what to answer ('run' or 'status'), then the transitions `wasq_core::lifecycle::finish` computed: the
-/// outcome's (T_ARGS), then for a run that resumed and for a run whose cancel was
-/// requested '0' when it is the same or '1' and that transition, then for a wait: wait
-/// JSON, step field, until or '', 'event'|'run', event name or run id, the resolution of
-/// a missing run.
-pub(crate) static FINISH: TenantScript = TenantScript {
-    name: "finish",
-    body: include_str!("lua/finish.lua"),
-    read_only: false,
-};
+/// ARGV[5..]: id, token, what to answer ('run' or 'status'), then the transitions
+/// `wasq_core::lifecycle::finish` computed: the outcome's (T_ARGS), then for a run that
+/// resumed and for a run whose cancel was requested '0' when it is the same or '1' and
+/// that transition, then for a wait: wait JSON, step field, until or '', 'event'|'run',
+/// event name or run id, the resolution of a missing run.
+pub(crate) static FINISH: TenantScript = tenant_script!("finish", writes);
 
 /// ARGV[5..]: id, the status the transition was computed for, 'mark' (a running run:
 /// its cancel is requested) or 'end', the cancel's error JSON, a T_ARGS transition (for
 /// 'end'), the two log-cut markers and the log line (`RunAction::log_line`). `stale` when
 /// the run's status changed since.
-pub(crate) static CANCEL: TenantScript = TenantScript {
-    name: "cancel",
-    body: include_str!("lua/cancel.lua"),
-    read_only: false,
-};
+pub(crate) static CANCEL: TenantScript = tenant_script!("cancel", writes);
 
 /// ARGV[5..]: id, the status and attempt the retry was computed for, the attempts it
 /// grants, the cap factor of max_queued, a T_ARGS transition, the two log-cut markers and
 /// the log line. `stale` when the run changed since.
-pub(crate) static RETRY: TenantScript = TenantScript {
-    name: "retry",
-    body: include_str!("lua/retry.lua"),
-    read_only: false,
-};
+pub(crate) static RETRY: TenantScript = tenant_script!("retry", writes);
 
 /// ARGV[5..]: event id, name, data JSON (the input of started runs), resolution for
 /// resumed waiters, expected waiter version ('' = unknown), number of matched waiters m,
@@ -327,74 +313,38 @@ pub(crate) static RETRY: TenantScript = TenantScript {
 /// registered for the name, so a waiter that arrived in between makes the script answer
 /// `match` again instead of missing it; waiters that left in between are skipped by
 /// re-checking their status and wait version.
-pub(crate) static SEND_EVENT: TenantScript = TenantScript {
-    name: "send_event",
-    body: include_str!("lua/send_event.lua"),
-    read_only: false,
-};
+pub(crate) static SEND_EVENT: TenantScript = tenant_script!("send_event", writes);
 
 /// ARGV[5..]: event name, SSCAN cursor, page size. A page of the runs waiting for the
 /// event: the next cursor ('0' at the end) and (run id, wait version, wait JSON) of those
 /// still waiting for it.
-pub(crate) static WAITERS: TenantScript = TenantScript {
-    name: "waiters",
-    body: include_str!("lua/waiters.lua"),
-    read_only: true,
-};
+pub(crate) static WAITERS: TenantScript = tenant_script!("waiters", reads);
 
 /// ARGV[5..]: succeeded_before, failed_before, limit. Deletes ended runs with all they
 /// recorded; returns how many.
-pub(crate) static PURGE: TenantScript = TenantScript {
-    name: "purge",
-    body: include_str!("lua/purge.lua"),
-    read_only: false,
-};
+pub(crate) static PURGE: TenantScript = tenant_script!("purge", writes);
 
 /// ARGV[5..]: id, steps listed, executions listed. A consistent read of one run: its
 /// fields, executions in all and the latest ones, steps in all and the first ones with the
 /// sizes of their outputs (never the outputs).
-pub(crate) static GET: TenantScript = TenantScript {
-    name: "get",
-    body: include_str!("lua/get.lua"),
-    read_only: true,
-};
+pub(crate) static GET: TenantScript = tenant_script!("get", reads);
 
 /// ARGV[5..]: id, skip, limit. A page of a run's steps with the sizes of their outputs.
-pub(crate) static STEPS: TenantScript = TenantScript {
-    name: "steps",
-    body: include_str!("lua/steps.lua"),
-    read_only: true,
-};
+pub(crate) static STEPS: TenantScript = tenant_script!("steps", reads);
 
 /// ARGV[5..]: id, step field. One step's order entry and output.
-pub(crate) static STEP: TenantScript = TenantScript {
-    name: "step",
-    body: include_str!("lua/step.lua"),
-    read_only: true,
-};
+pub(crate) static STEP: TenantScript = tenant_script!("step", reads);
 
 /// The components the tenant's functions and runs use: its functions' digests, and the
 /// digests runs pin (`rdig`: digest → runs). A tenant whose `rdig` was never built (its
 /// runs predate it) gets it built first, from every run, once.
-pub(crate) static DIGESTS: TenantScript = TenantScript {
-    name: "digests",
-    body: include_str!("lua/digests.lua"),
-    read_only: false,
-};
+pub(crate) static DIGESTS: TenantScript = tenant_script!("digests", writes);
 
 /// ARGV[5..]: index key suffix, start, stop. Runs of one listing index, newest first.
-pub(crate) static LIST: TenantScript = TenantScript {
-    name: "list",
-    body: include_str!("lua/list.lua"),
-    read_only: true,
-};
+pub(crate) static LIST: TenantScript = tenant_script!("list", reads);
 
 /// All functions of a tenant.
-pub(crate) static FUNCTIONS: TenantScript = TenantScript {
-    name: "functions",
-    body: include_str!("lua/functions.lua"),
-    read_only: true,
-};
+pub(crate) static FUNCTIONS: TenantScript = tenant_script!("functions", reads);
 
 #[cfg(test)]
 mod tests {
@@ -412,7 +362,7 @@ mod tests {
         assert!(!lib.source.contains("@@"));
         // A script declared here but left out of TENANT_SCRIPTS would have no function.
         let declared = include_str!("scripts.rs")
-            .matches(concat!(": TenantScript", " = TenantScript {"))
+            .matches(concat!(": TenantScript", " = tenant_script!("))
             .count();
         assert_eq!(declared, TENANT_SCRIPTS.len());
         for s in TENANT_SCRIPTS {
