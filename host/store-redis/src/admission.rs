@@ -1,5 +1,5 @@
 //! Admission: a run's flow plan and the function's settings (cached, checked by the
-//! script against the stored blob), the debounce key's run, and the enqueue script.
+//! script against the stored version), the debounce key's run, and the enqueue script.
 
 use super::*;
 
@@ -27,7 +27,7 @@ impl RedisStore {
                 })
                 .opt_n(req.retry.map(|r| r.max_attempts))
                 .s(req.parent.as_deref().unwrap_or(""))
-                .b(fs.blob.clone());
+                .s(&fs.version);
             let admission = if req.parent.is_none() {
                 Admission::Run
             } else {
@@ -55,10 +55,13 @@ impl RedisStore {
             self.published(&req.tenant, &mut rest).await?;
             let mut rest = rest.into_iter();
             let created = int(rest.next().ok_or_else(|| corrupt("short enqueue reply"))?)? == 1;
-            let run = self.run_from(
-                rest.next().ok_or_else(|| corrupt("short enqueue reply"))?,
-                None,
-            )?;
+            let run = self
+                .run_from(
+                    &req.tenant,
+                    rest.next().ok_or_else(|| corrupt("short enqueue reply"))?,
+                    None,
+                )
+                .await?;
             return Ok(Enqueued { run, created });
         }
         Err(StoreError::Unavailable(format!(
@@ -79,8 +82,8 @@ impl RedisStore {
         if !fresh && let Some(s) = self.settings_cache().get(&key) {
             return Ok(Some(s.clone()));
         }
-        let blob: Option<Vec<u8>> = self
-            .query(redis::cmd("HGET").arg(&key).arg("settings"))
+        let (blob, version): (Option<Vec<u8>>, Option<String>) = self
+            .query(redis::cmd("HMGET").arg(&key).arg("settings").arg("sv"))
             .await?;
         let Some(blob) = blob else {
             self.settings_cache().remove(&key);
@@ -88,8 +91,14 @@ impl RedisStore {
         };
         let settings: FunctionSettings = serde_json::from_slice(&blob)
             .map_err(|e| corrupt(format!("settings of {function}: {e}")))?;
+        // A function deployed before settings had versions gets one from the first
+        // script that meets it; until then, '' is stale and the retry reads it afresh.
+        let version = version.unwrap_or_default();
+        if !version.is_empty() {
+            self.inner.parsed.insert(version.as_bytes(), &settings);
+        }
         let s = Arc::new(FnSettings {
-            blob,
+            version,
             flow: settings.flow,
         });
         let mut cache = self.settings_cache();

@@ -166,7 +166,8 @@ impl RedisStore {
         match status.as_str() {
             "ok" => {
                 self.published(tenant, &mut rest).await?;
-                self.run_from(rest.into_iter().next().unwrap_or(Value::Nil), None)
+                self.run_from(tenant, rest.into_iter().next().unwrap_or(Value::Nil), None)
+                    .await
             }
             "not_found" => Err(StoreError::NotFound(format!("run {id:?}"))),
             "quota" => {

@@ -201,15 +201,21 @@ impl RedisStore {
         };
         self.published(tenant, &mut rest).await?;
         let items = array(rest.into_iter().next().unwrap_or(Value::Nil))?;
-        items
-            .into_iter()
-            .map(|item| {
-                let mut parts = array(item)?.into_iter();
-                let mut next = || parts.next().ok_or_else(|| corrupt("short claim entry"));
-                let (run, lease) = decode::RunFields::new(next()?)?
-                    .ok_or_else(|| corrupt("claimed a missing run"))?
-                    .claimed(&self.inner.parsed)?;
-                let steps = decode::replay_steps(next()?, next()?)?;
+        let mut runs = Vec::with_capacity(items.len());
+        let mut steps = Vec::with_capacity(items.len());
+        for item in items {
+            let mut parts = array(item)?.into_iter();
+            let mut next = || parts.next().ok_or_else(|| corrupt("short claim entry"));
+            runs.push(
+                decode::RunFields::new(next()?)?.ok_or_else(|| corrupt("claimed a missing run"))?,
+            );
+            steps.push(decode::replay_steps(next()?, next()?)?);
+        }
+        self.load_settings(tenant, &runs).await?;
+        runs.into_iter()
+            .zip(steps)
+            .map(|(fields, steps)| {
+                let (run, lease) = fields.claimed(&self.inner.parsed)?;
                 Ok(Claimed { run, lease, steps })
             })
             .collect()

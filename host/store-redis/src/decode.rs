@@ -128,31 +128,54 @@ run_fields! {
     LEASE_EXPIRES_AT = "lease_expires_at",
     SBYTES = "sbytes",
     LBYTES = "lbytes",
+    SV = "sv",
     OUTPUT = "output",
 }
 
-/// Parsed settings blobs by content: every run of a function carries the same blob, so
-/// each distinct blob is parsed once per store, not once per run read.
+/// Parsed settings by version: a run pins its function's settings by version (`sv`), so
+/// each version is read and parsed once per store, not once per run read. Versions are
+/// content hashes, the same for every tenant. Runs from before versions carry the blob
+/// itself, which is its own key here.
 #[derive(Default)]
 pub(crate) struct SettingsCache(
     std::sync::Mutex<HashMap<Vec<u8>, std::sync::Arc<FunctionSettings>>>,
 );
 
-/// Distinct settings blobs cached at most (then the cache starts over).
+/// Distinct settings cached at most (then the cache starts over).
 const PARSED_SETTINGS_MAX: usize = 1_000;
 
 impl SettingsCache {
-    fn get(&self, blob: &[u8]) -> Result<FunctionSettings, StoreError> {
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(s) = map.get(blob) {
-            return Ok(FunctionSettings::clone(s));
-        }
-        let s: FunctionSettings = json(blob, "settings")?;
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, std::sync::Arc<FunctionSettings>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Caches `settings` under `key` (a version, or an old run's blob).
+    pub(crate) fn insert(&self, key: &[u8], settings: &FunctionSettings) {
+        let mut map = self.map();
         if map.len() >= PARSED_SETTINGS_MAX {
             map.clear();
         }
-        map.insert(blob.to_vec(), std::sync::Arc::new(s.clone()));
+        map.insert(key.to_vec(), std::sync::Arc::new(settings.clone()));
+    }
+
+    /// The settings of a version that must have been loaded, or of an old run's blob.
+    fn get(&self, key: &[u8], is_blob: bool) -> Result<FunctionSettings, StoreError> {
+        if let Some(s) = self.map().get(key) {
+            return Ok(FunctionSettings::clone(s));
+        }
+        if !is_blob {
+            return Err(corrupt(format!(
+                "settings version {} not loaded",
+                String::from_utf8_lossy(key)
+            )));
+        }
+        let s: FunctionSettings = json(key, "settings")?;
+        self.insert(key, &s);
         Ok(s)
+    }
+
+    fn contains(&self, key: &[u8]) -> bool {
+        self.map().contains_key(key)
     }
 }
 
@@ -234,7 +257,10 @@ impl RunFields {
         settings: &SettingsCache,
         output: Option<Vec<u8>>,
     ) -> Result<Run, StoreError> {
-        let mut s = settings.get(self.field(Field::SETTINGS)?)?;
+        let mut s = match self.opt(Field::SETTINGS) {
+            Some(blob) => settings.get(blob, true)?,
+            None => settings.get(self.field(Field::SV)?, false)?,
+        };
         if let Some(retry) = self.opt_json::<RetryPolicy>(Field::RETRY)? {
             s.retry = retry;
         }
@@ -274,6 +300,14 @@ impl RunFields {
             stored_bytes: self.opt_num::<i64>(Field::SBYTES)?.unwrap_or(0).max(0) as u64,
             log_bytes: self.opt_num::<i64>(Field::LBYTES)?.unwrap_or(0).max(0) as u64,
         })
+    }
+
+    /// The settings version this run pins when `settings` has not loaded it yet.
+    pub(crate) fn unloaded_version(&self, settings: &SettingsCache) -> Option<&[u8]> {
+        if self.opt(Field::SETTINGS).is_some() {
+            return None;
+        }
+        self.opt(Field::SV).filter(|v| !settings.contains(v))
     }
 
     /// The run a claim leased, and its lease.

@@ -37,9 +37,9 @@ impl RedisStore {
             }
             args = args.n(subscribers.len());
             let now = self.now();
-            for (function, blob, plan, debounced) in &subscribers {
+            for (function, version, plan, debounced) in &subscribers {
                 let id = wasq_core::ids::new_run_id(now);
-                args = args.s(function).s(&id).b(blob.clone());
+                args = args.s(function).s(&id).s(version);
                 args = flow_args(args, plan, &id, None, debounced)?;
             }
             let (status, mut rest) = self
@@ -134,14 +134,14 @@ impl RedisStore {
         }
     }
 
-    /// The functions an event starts, in name order, with their settings blobs and the
-    /// flow plan for the event's data.
+    /// The functions an event starts, in name order, with their settings versions and
+    /// the flow plan for the event's data.
     pub(crate) async fn subscribers(
         &self,
         tenant: &str,
         event: &str,
         data: &str,
-    ) -> Result<Vec<(String, Vec<u8>, FlowPlan, Debounced)>, StoreError> {
+    ) -> Result<Vec<(String, String, FlowPlan, Debounced)>, StoreError> {
         let prefix = self.tenant_prefix(tenant);
         let mut names: Vec<String> = self
             .query(redis::cmd("SMEMBERS").arg(format!("{prefix}sub:{event}")))
@@ -149,12 +149,15 @@ impl RedisStore {
         names.sort();
         let mut out = Vec::with_capacity(names.len());
         for name in names {
-            let (blob, plan) = match self.fn_settings(tenant, &name, true).await? {
-                Some(fs) => (fs.blob.clone(), fs.flow.plan(&name, data.as_bytes(), None)),
-                None => (Vec::new(), FlowPlan::default()),
+            let (version, plan) = match self.fn_settings(tenant, &name, true).await? {
+                Some(fs) => (
+                    fs.version.clone(),
+                    fs.flow.plan(&name, data.as_bytes(), None),
+                ),
+                None => (String::new(), FlowPlan::default()),
             };
             let debounced = self.debounced_run(tenant, &plan).await?;
-            out.push((name, blob, plan, debounced));
+            out.push((name, version, plan, debounced));
         }
         Ok(out)
     }

@@ -86,10 +86,12 @@
 //! | `G seq` | hash | tenant → sequence number of the last applied `due` update (Cluster) |
 //! | `G wake` | list | wake-up tokens for `wait_for_work` (BLPOP), at most 64 |
 //! | `P meta` | hash | `next` (last published due time), `seq` (its sequence number) |
-//! | `P fn:<name>` | hash | name, digest, size_bytes, settings JSON, max_attempts, events JSON, schedule JSON, created_at, updated_at |
+//! | `P fn:<name>` | hash | name, digest, size_bytes, settings JSON, sv (its version: 16 hex of its SHA-1), max_attempts, events JSON, schedule JSON, created_at, updated_at |
 //! | `P fns` | set | function names |
 //! | `P sub:<event>` | set | functions started by the event |
-//! | `P run:<id>` | hash | id, tenant, function, digest, settings JSON (pinned), retry (override JSON), max_attempts (with manual-retry grants), status, input, output, error JSON, attempt, trigger, progress JSON, created_at, updated_at, due_at, finished_at, idempotency_key, parent, wait JSON, priority, keys JSON; bookkeeping: lease_token, lease_expires_at, worker, cancel_requested, resumed, nosteps (set at creation, cleared by the first step: a claim skips the step keys), wait_step, wait_event, wait_ver, wait_run, resolution (what waiters on it receive once it ended); flow: rank_offset, cgate + climit, tgate + tlimit + tperiod, dgate, parked (the gate it waits on) |
+//! | `P sets` | hash | settings version → settings JSON: a run pins its function's settings by version, so each version is stored once (deleted by `collect_components` once no run or function has it) |
+//! | `P run:<id>` | hash | id, tenant, function, digest, sv (the settings version it pins; runs from before versions hold `settings` JSON instead), retry (override JSON), max_attempts (with manual-retry grants), status, input, output, error JSON, attempt, trigger, progress JSON, created_at, updated_at, due_at, finished_at, idempotency_key, parent, wait JSON, priority, keys JSON; bookkeeping: lease_token, lease_expires_at, worker, cancel_requested, resumed, nosteps (set at creation, cleared by the first step: a claim skips the step keys), wait_step, wait_event, wait_ver, wait_run, resolution (what waiters on it receive once it ended); flow: rank_offset, cgate + climit, tgate + tlimit + tperiod, dgate, parked (the gate it waits on); up (the hash is no longer packed: see `UNPACK_COST`) |
+//! | `P in:<id>` | string | the run's input when it is over 64 bytes (then the hash has none: it stays packed) |
 //! | `P att:<id>` | list | executions: `number\|started_at\|worker JSON`, then `\n finished_at\|fuel\|suspended_until\|error JSON` once ended |
 //! | `P steps:<id>` | hash | `occurrence:name` → step output (first write wins) |
 //! | `P stepseq:<id>` | list | `attempt\|completed_at\|occurrence:name`, in completion order |
@@ -102,7 +104,7 @@
 //! | `P gtimer`, `P tcfg` | zset, hash | throttle gates with parked runs by when their window opens; their `limit\|period` |
 //! | `P deb` | hash | debounce gate → its pending run |
 //! | `P quotas` | hash | `max_running`, `max_queued`, the storage quotas (see `directory.rs`) |
-//! | `P rdig` | hash | component digest → runs that pin it (built once from the runs when missing: `meta.rdig`) |
+//! | `P rdig` | hash | `digest\|sv` (component and settings version) → runs that pin them (built once from the runs when missing: `meta.rdig`) |
 //! | `P leases` | zset | running runs by lease expiry |
 //! | `P timeouts` | zset | waiting runs with a time limit, by that limit |
 //! | `P all` | zset | every run by creation time (listing) |
@@ -202,16 +204,17 @@ struct Inner {
     sweep_needed: AtomicBool,
     /// When unreferenced components were last collected (see `collect_components`).
     last_collect: std::sync::Mutex<Option<Instant>>,
-    /// Functions' settings blobs (by `fn:` key), from which enqueue computes the flow
-    /// arguments; the scripts compare the blob and answer `stale` when it changed.
+    /// Functions' settings (by `fn:` key), from which enqueue computes the flow
+    /// arguments; the scripts compare the version and answer `stale` when it changed.
     settings: std::sync::Mutex<std::collections::HashMap<String, Arc<FnSettings>>>,
-    /// Runs' settings blobs, parsed (see `decode::SettingsCache`).
+    /// Runs' settings, parsed, by version (see `decode::SettingsCache`).
     parsed: decode::SettingsCache,
 }
 
 /// A function's settings as stored, and parsed.
 struct FnSettings {
-    blob: Vec<u8>,
+    /// Its version (`sv`), which the run pins.
+    version: String,
     flow: FlowControl,
 }
 
@@ -232,9 +235,10 @@ const COLLECT_MIN_IDLE: Duration = Duration::from_secs(3600);
 /// divided by N, with a tenant past the sizes where Redis packs small collections (128
 /// entries), so every index is a skiplist or hashtable (a smaller tenant is overcounted a
 /// little; `tests/tests/storage_usage.rs` checks a mixed workload within 10%):
-/// - `run`: the run's hash (about 25 small fields beside the payload: ~1,950 bytes),
-///   its entries in `all`, `byfn:`, `st:` and `ended:` (~130 bytes each, the zset's hash
-///   table included), and its `att:` list's key (~180 bytes: nearly every run runs);
+/// - `run`: the run's hash while packed (about 25 small fields: ~620 bytes; see
+///   `UNPACK_COST` for one that is not), its entries in `all`, `byfn:`, `st:` and
+///   `ended:` (~130 bytes each, the zset's hash table included), and its `att:` list's
+///   key (~250 bytes: nearly every run runs);
 /// - `attempt`: one entry of `att:` besides the worker name and error it holds;
 /// - `step`: the field in `steps:` and the entry in `stepseq:` (~30 bytes while the hash
 ///   is packed, ~75 once a step output over 64 bytes or the 129th step unpacks it);
@@ -243,7 +247,7 @@ const COLLECT_MIN_IDLE: Duration = Duration::from_secs(3600);
 /// - `function`: its `fn:` hash (settings included), its entries in `fns` and `sub:`, and
 ///   its component's key.
 pub(crate) const COST: CostModel = CostModel {
-    run: 2_350,
+    run: 1_225,
     attempt: 50,
     step: 40,
     log_line: 5,
@@ -254,6 +258,19 @@ pub(crate) const COST: CostModel = CostModel {
 /// empty list or hash), charged when the run's first line or step creates it, besides
 /// the key name's prefix.
 pub(crate) const KEY_COST: u64 = 135;
+/// What a run's hash costs once it is a hash table rather than packed: Redis keeps a hash
+/// as a listpack while every value is at most 64 bytes (`hash-max-listpack-value`), and
+/// converts it for good at the first longer one (an input, output or error over 64
+/// bytes). Measured with the storage_cost bench (tiny runs against runs with 1, 10 and
+/// 100 KB inputs and outputs).
+pub(crate) const UNPACK_COST: u64 = 1_050;
+/// An input over 64 bytes kept in its own key, `in:<id>` (so the run's hash stays
+/// packed): the key's entry, its name besides the tenant's prefix, and the string's
+/// headers.
+pub(crate) const INPUT_KEY_COST: u64 = 90;
+/// A settings version's entry in `sets` besides its blob (a hash-table entry: the field,
+/// its 16-byte name, the value's header).
+pub(crate) const SET_COST: u64 = 56;
 /// Times a transition is retried after its script found the function's settings changed.
 const STALE_RETRIES: usize = 16;
 
@@ -579,11 +596,55 @@ impl RedisStore {
         Ok(())
     }
 
-    /// The run of a `run_fields` reply (`output` stands in for a left-out output).
-    fn run_from(&self, v: Value, output: Option<Vec<u8>>) -> Result<Run, StoreError> {
-        decode::RunFields::new(v)?
-            .ok_or_else(|| corrupt("run reply for a missing run"))?
-            .run(&self.inner.parsed, output)
+    /// The run of a `run_fields` reply of `tenant` (`output` stands in for a left-out
+    /// output).
+    async fn run_from(
+        &self,
+        tenant: &str,
+        v: Value,
+        output: Option<Vec<u8>>,
+    ) -> Result<Run, StoreError> {
+        let fields =
+            decode::RunFields::new(v)?.ok_or_else(|| corrupt("run reply for a missing run"))?;
+        self.load_settings(tenant, std::slice::from_ref(&fields))
+            .await?;
+        fields.run(&self.inner.parsed, output)
+    }
+
+    /// Reads the settings versions these runs pin that are not cached yet (one HMGET of
+    /// `sets`; usually none: a worker meets each version once).
+    async fn load_settings(
+        &self,
+        tenant: &str,
+        runs: &[decode::RunFields],
+    ) -> Result<(), StoreError> {
+        let mut missing: Vec<&[u8]> = runs
+            .iter()
+            .filter_map(|r| r.unloaded_version(&self.inner.parsed))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        missing.sort_unstable();
+        missing.dedup();
+        let mut cmd = redis::cmd("HMGET");
+        cmd.arg(format!("{}sets", self.tenant_prefix(tenant)));
+        for v in &missing {
+            cmd.arg(*v);
+        }
+        let blobs: Vec<Option<Vec<u8>>> = self.query(&cmd).await?;
+        for (version, blob) in missing.iter().zip(blobs) {
+            let blob = blob.ok_or_else(|| {
+                corrupt(format!(
+                    "settings version {} missing",
+                    String::from_utf8_lossy(version)
+                ))
+            })?;
+            let settings: FunctionSettings = serde_json::from_slice(&blob)
+                .map_err(|e| corrupt(format!("settings version: {e}")))?;
+            self.inner.parsed.insert(version, &settings);
+        }
+        Ok(())
     }
 
     async fn tenants(&self) -> Result<Vec<String>, StoreError> {
@@ -636,7 +697,7 @@ impl Queue for RedisStore {
         let reply = self
             .finish_attempt(lease, outcome, FinishReply::Run)
             .await?;
-        self.run_from(reply.0, reply.1)
+        self.run_from(&lease.tenant, reply.0, reply.1).await
     }
 
     async fn end_attempt(&self, lease: &Lease, outcome: Outcome) -> Result<RunStatus, StoreError> {

@@ -60,9 +60,7 @@ impl RedisStore {
         }
         let mut rest = rest.into_iter();
         let mut next = || rest.next().ok_or_else(|| corrupt("short run reply"));
-        let run = decode::RunFields::new(next()?)?
-            .ok_or_else(|| corrupt("run reply for a missing run"))?
-            .run(&self.inner.parsed, None)?;
+        let run = self.run_from(tenant, next()?, None).await?;
         let attempts_total = int(next()?)?.max(0) as u64;
         let attempts = array(next()?)?
             .into_iter()
@@ -159,7 +157,7 @@ impl RedisStore {
             let mut rest = rest.into_iter();
             let scanned = int(rest.next().ok_or_else(|| corrupt("short list reply"))?)? as usize;
             for v in array(rest.next().unwrap_or(Value::Nil))? {
-                let run = self.run_from(v, None)?;
+                let run = self.run_from(&q.tenant, v, None).await?;
                 let keep = q.function.as_ref().is_none_or(|f| *f == run.function)
                     && q.status.is_none_or(|s| s == run.status)
                     && q.parent

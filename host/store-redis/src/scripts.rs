@@ -58,6 +58,9 @@ fn placeholders() -> Vec<(&'static str, String)> {
             ),
         ),
         ("@KEY_COST@", crate::KEY_COST.to_string()),
+        ("@UNPACK@", crate::UNPACK_COST.to_string()),
+        ("@SET_COST@", crate::SET_COST.to_string()),
+        ("@INPUT_KEY_COST@", crate::INPUT_KEY_COST.to_string()),
         (
             "@INLINE@",
             wasq_core::storage::INLINE_REPLAY_BYTES.to_string(),
@@ -264,8 +267,9 @@ pub(crate) static HINT: LazyLock<Script> = LazyLock::new(|| {
 pub(crate) static DEPLOY: TenantScript = tenant_script!("deploy", writes);
 
 /// ARGV[5..]: id, function, input, trigger, due ('' = now), idempotency key or '',
-/// retry override JSON or '', its max_attempts, parent or '', the function's settings
-/// blob the flow arguments were computed from, then FLOW_ARGS flow arguments.
+/// retry override JSON or '', its max_attempts, parent or '', the version of the
+/// function's settings the flow arguments were computed from, then FLOW_ARGS flow
+/// arguments.
 pub(crate) static ENQUEUE: TenantScript = tenant_script!("enqueue", writes);
 
 /// ARGV[5..]: limit, lease_ms, worker, worker as a JSON string, force publish ('1'/'0'),
@@ -303,7 +307,7 @@ pub(crate) static RETRY: TenantScript = tenant_script!("retry", writes);
 /// ARGV[5..]: event id, name, data JSON (the input of started runs), resolution for
 /// resumed waiters, expected waiter version ('' = unknown), number of matched waiters m,
 /// then m (run id, wait version) pairs, then the number of subscribers k and, per
-/// subscriber in name order: function, fresh run id, its settings blob ('' if gone) and
+/// subscriber in name order: function, fresh run id, its settings version ('' if gone) and
 /// FLOW_ARGS flow arguments. `stale` when the subscribers or their settings changed.
 ///
 /// Filters are matched in Rust with `wasq_core::event_matches`: the first call without

@@ -24,24 +24,32 @@ local function debounce_moved(fl)
 end
 
 -- What a new run costs: the per-run overhead (with its `run:` and `att:` key names),
--- everything its hash keeps whole, and its idempotency key.
-local function run_cost(input, trigger, settings, idem, retry, fl)
-  local c = C_RUN + 2 * #P + mem(#input) + mem(#trigger) + mem(#settings) + mem(#retry)
+-- everything its hash keeps whole, its idempotency key, and UNPACK when one of its
+-- values keeps its hash from being packed from the start (then also `true`).
+local function run_cost(input, trigger, sv, idem, retry, fl, parent)
+  local c = C_RUN + 2 * #P + mem(#input) + mem(#trigger) + mem(#sv) + mem(#retry)
     + mem(#fl.keys)
   if idem ~= '' then c = c + 2 * mem(#idem) + IDEM end
-  return c
+  -- A long input has a key of its own (`with_input`) and leaves the hash packed.
+  if #input > PACKED_MAX then c = c + C_IN + #P end
+  for _, v in ipairs({ trigger, idem, retry, fl.keys, fl.cgate, fl.tgate, fl.dgate, parent }) do
+    if #v > PACKED_MAX then return c + UNPACK, true end
+  end
+  return c, false
 end
 
 -- Creates a run of function `fname`, or returns the run created earlier with the same
--- idempotency key within the window. `settings` is the function's settings blob Rust
--- computed `fl` from. Applies the rate limit (the run is created skipped), debounce (the
+-- idempotency key within the window. `sv` is the version of the function's settings Rust
+-- computed `fl` from: the run pins that version (`sets`), not a copy of the blob. Applies the rate limit (the run is created skipped), debounce (the
 -- pending run of the key is skipped), the tenant's max_queued (when fl.enforce) and its
 -- storage quotas. Returns id, created, error ('not_found', 'stale', 'quota', or a
 -- 'storage' reply), runs woken.
-local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max, parent, settings, fl)
-  local f = redis.call('HMGET', P .. 'fn:' .. fname, 'digest', 'settings', 'max_attempts')
+local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max, parent, sv, fl)
+  local fk = P .. 'fn:' .. fname
+  local f = redis.call('HMGET', fk, 'digest', 'sv', 'max_attempts')
   if not f[1] then return nil, false, 'not_found', 0 end
-  if f[2] ~= settings then return nil, false, 'stale', 0 end
+  if not f[2] then f[2] = settings_version(fk) end
+  if f[2] ~= sv then return nil, false, 'stale', 0 end
   local ik = P .. 'idem:' .. fname
   if idem ~= '' then
     local v = redis.call('HGET', ik, idem)
@@ -75,8 +83,13 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
       return nil, false, 'quota', 0
     end
   end
-  local cost = run_cost(input, trigger, f[2], idem, retry, fl)
-  if status == 'skipped' then cost = cost + mem(#fl.rerr) + mem(#fl.rres) end
+  local cost, unpacked = run_cost(input, trigger, sv, idem, retry, fl, parent)
+  if status == 'skipped' then
+    cost = cost + mem(#fl.rerr) + mem(#fl.rres)
+    if not unpacked and (#fl.rerr > PACKED_MAX or #fl.rres > PACKED_MAX) then
+      cost, unpacked = cost + UNPACK, true
+    end
+  end
   local full = run_full(id, 0, cost)
   if full then return nil, false, full, 0 end
   if idem ~= '' then redis.call('HSET', ik, idem, I(NOW) .. ':' .. id) end
@@ -94,13 +107,19 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
   local max = f[3]
   if retry ~= '' then max = retry_max end
   local fields = {
-    'id', id, 'tenant', TENANT, 'function', fname, 'digest', f[1], 'settings', f[2],
-    'max_attempts', max, 'status', status, 'input', input, 'attempt', '0',
+    'id', id, 'tenant', TENANT, 'function', fname, 'digest', f[1], 'sv', sv,
+    'max_attempts', max, 'status', status, 'attempt', '0',
     'trigger', trigger, 'created_at', I(NOW), 'updated_at', I(NOW), 'due_at', due,
     'lease_token', '0', 'cancel_requested', '0', 'resumed', '0', 'nosteps', '1',
     'priority', fl.prio, 'rank_offset', fl.offset,
   }
   local function add(k, v) if v ~= '' then fields[#fields + 1] = k; fields[#fields + 1] = v end end
+  if #input > PACKED_MAX then
+    redis.call('SET', inkey(id), input)
+  else
+    fields[#fields + 1] = 'input'
+    fields[#fields + 1] = input
+  end
   add('retry', retry)
   add('idempotency_key', idem)
   add('parent', parent)
@@ -115,12 +134,13 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
     add('finished_at', I(NOW))
     add('resolution', fl.rres)
   end
+  if unpacked then add('up', '1') end
   add('sbytes', I(cost))
   if parent ~= '' then redis.call('ZADD', P .. 'kids:' .. parent, NOW, id) end
   redis.call('HSET', runkey(id), unpack(fields))
   charge(nil, cost)
   -- The component stays while a run pins it (see collect_components in lib.rs).
-  redis.call('HINCRBY', P .. 'rdig', f[1], 1)
+  redis.call('HINCRBY', P .. 'rdig', pin(f[1], sv), 1)
   redis.call('ZADD', P .. 'all', NOW, id)
   redis.call('ZADD', P .. 'byfn:' .. fname, NOW, id)
   redis.call('ZADD', P .. 'st:' .. status, NOW, id)

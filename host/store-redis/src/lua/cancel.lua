@@ -6,7 +6,7 @@ if status ~= ARGV[6] then return { 'stale' } end
 local wake = 0
 if ARGV[7] == 'mark' then
   local fields = { 'error', ARGV[8] }
-  charge(ID, blob_delta(rk, fields))
+  charge(ID, blob_delta(ID, fields))
   redis.call('HSET', rk, 'cancel_requested', '1', 'updated_at', I(NOW), unpack(fields))
 else
   apply(ID, read_transition(9))

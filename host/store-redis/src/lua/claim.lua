@@ -133,7 +133,7 @@ while #out < room and parks > 0 do
     claimed_bytes = claimed_bytes + ATT_COST
     -- The run as the move left it: what it read, with what the move wrote (`move` sets
     -- status, updated_at and these fields, and drops `parked`, which replies leave out).
-    local fields = { unpack(r, CLAIM_RUN) }
+    local fields = with_input(id, { unpack(r, CLAIM_RUN) })
     for f, v in pairs(lease) do fields[RUN_AT[f]] = v end
     out[#out + 1] = load_run(id, r[12] == '1', fields)
   end

@@ -1,14 +1,29 @@
+-- The component digests runs and functions refer to (`rdig`: `digest|sv` → runs pinning
+-- it, built once from the runs when missing), for collect_components. Settings versions
+-- (`sets`) nobody refers to any more are deleted here, given back to the tenant.
 if redis.call('HGET', P .. 'meta', 'rdig') ~= '1' then
   redis.call('DEL', P .. 'rdig')
   for _, id in ipairs(redis.call('ZRANGE', P .. 'all', 0, -1)) do
-    local d = redis.call('HGET', runkey(id), 'digest')
-    if d then redis.call('HINCRBY', P .. 'rdig', d, 1) end
+    local r = redis.call('HMGET', runkey(id), 'digest', 'sv')
+    if r[1] then redis.call('HINCRBY', P .. 'rdig', pin(r[1], r[2]), 1) end
   end
   redis.call('HSET', P .. 'meta', 'rdig', '1')
 end
-local out = redis.call('HKEYS', P .. 'rdig')
+local out, keep = {}, {}
+for _, k in ipairs(redis.call('HKEYS', P .. 'rdig')) do
+  local d, sv = string.match(k, '^([^|]*)|?(.*)$')
+  out[#out + 1] = d
+  if sv ~= '' then keep[sv] = true end
+end
 for _, name in ipairs(redis.call('SMEMBERS', P .. 'fns')) do
-  local d = redis.call('HGET', P .. 'fn:' .. name, 'digest')
-  if d then out[#out + 1] = d end
+  local f = redis.call('HMGET', P .. 'fn:' .. name, 'digest', 'sv')
+  if f[1] then out[#out + 1] = f[1] end
+  if f[2] then keep[f[2]] = true end
+end
+for _, sv in ipairs(redis.call('HKEYS', P .. 'sets')) do
+  if not keep[sv] then
+    charge(nil, -set_cost(redis.call('HSTRLEN', P .. 'sets', sv)))
+    redis.call('HDEL', P .. 'sets', sv)
+  end
 end
 return { 'ok', out }

@@ -40,6 +40,7 @@ if t.status == 'waiting' then
   if until_ ~= '' then redis.call('ZADD', P .. 'timeouts', until_, ID) end
   if on == 'event' then
     local ver = redis.call('HINCRBY', P .. 'waitver', target, 1)
+    charge(ID, unpack_cost(ID, { 'wait_event', target }))
     redis.call('HSET', rk, 'wait_event', target, 'wait_ver', ver)
     redis.call('SADD', P .. 'waiters:' .. target, ID)
   else

@@ -17,6 +17,9 @@ local function runkey(id) return P .. 'run:' .. id end
 -- run's first line or step creates it. Key names count at their length (the tenant's
 -- prefix P varies); the constants are net of it.
 local C_RUN, C_ATT, C_STEP, C_LOG, C_EVENT, C_FN = @COSTS@
+-- An input kept in its own key (`in:<id>`): the key's entry and headers, besides the
+-- prefix P and the input.
+local C_IN = @INPUT_KEY_COST@
 local KEY
 -- IDEM: an idempotency key's overhead besides the key itself (twice): the run's
 -- `idempotency_key` field and the entry in `idem:<function>` with its `created_at:id`.
@@ -83,14 +86,52 @@ end
 -- receive, its wait, its progress): charged at their size when set (`move`,
 -- `blob_delta`), the old value given back; dropped with `drop_blobs`.
 local BLOBS = { error = true, output = true, resolution = true, wait = true, progress = true }
-local function blob_delta(rk, fields)
+-- A run's hash stays packed (a listpack) while no value is longer than PACKED_MAX
+-- (Redis's hash-max-listpack-value); the first longer value makes it a hash table for
+-- good, which costs UNPACK more. `up` marks a run charged for that. Returns what setting
+-- `fields` (flat name/value list) adds for it.
+local PACKED_MAX, UNPACK = 64, @UNPACK@
+local function unpack_cost(id, fields)
+  for i = 2, #fields, 2 do
+    if #fields[i] > PACKED_MAX then
+      local rk = runkey(id)
+      if redis.call('HEXISTS', rk, 'up') == 1 then return 0 end
+      redis.call('HSET', rk, 'up', '1')
+      return UNPACK
+    end
+  end
+  return 0
+end
+-- What setting `fields` on run `id` adds to its bytes.
+local function blob_delta(id, fields)
+  local rk = runkey(id)
   local d = 0
   for i = 1, #fields, 2 do
     if BLOBS[fields[i]] then
       d = d + mem(#fields[i + 1]) - mem(redis.call('HSTRLEN', rk, fields[i]))
     end
   end
-  return d
+  return d + unpack_cost(id, fields)
+end
+-- A settings version (`sets`: version → the function's settings blob, shared by the
+-- runs that pin it): its entry besides the blob.
+local C_SET = @SET_COST@
+local function set_cost(n) return C_SET + mem(n) end
+-- The settings version of function key `fk`, adopted for a function deployed before
+-- versions existed: its blob is stored in `sets` under its version.
+local function settings_version(fk)
+  local v = redis.call('HMGET', fk, 'sv', 'settings')
+  if v[1] or not v[2] then return v[1] end
+  local sv = string.sub(redis.sha1hex(v[2]), 1, 16)
+  if redis.call('HSETNX', P .. 'sets', sv, v[2]) == 1 then charge(nil, set_cost(#v[2])) end
+  redis.call('HSET', fk, 'sv', sv)
+  return sv
+end
+-- The `rdig` field a run pins its component and settings version by (`digest|sv`; runs
+-- from before versions pin the digest alone).
+local function pin(digest, sv)
+  if sv then return digest .. '|' .. sv end
+  return digest
 end
 local function drop_blobs(id, ...)
   local rk = runkey(id)
@@ -117,10 +158,22 @@ local TERMINAL = { succeeded = true, failed = true, cancelled = true, skipped = 
 -- A run as replies carry it: the values of RUN_FIELDS (decode.rs), in order. Without its
 -- last field, output, when the caller already has it.
 local RUN_FIELDS = { @RUN_FIELDS@ }
+local RUN_AT = {}
+for i = 1, #RUN_FIELDS do RUN_AT[RUN_FIELDS[i]] = i end
+-- An input longer than PACKED_MAX is kept beside the run's hash, in `in:<id>`, so that the
+-- hash stays packed: a queued run is mostly its input. Fills it into `fields` (a
+-- run_fields reply of run `id`, status included) when the hash has none.
+local function inkey(id) return P .. 'in:' .. id end
+local function with_input(id, fields)
+  if fields[RUN_AT.status] and not fields[RUN_AT.input] then
+    fields[RUN_AT.input] = redis.call('GET', inkey(id))
+  end
+  return fields
+end
 local function run_fields(id, without_output)
   local n = #RUN_FIELDS
   if without_output then n = n - 1 end
-  return redis.call('HMGET', runkey(id), unpack(RUN_FIELDS, 1, n))
+  return with_input(id, redis.call('HMGET', runkey(id), unpack(RUN_FIELDS, 1, n)))
 end
 
 -- What a claim reads of a run, in one HMGET: MOVE_FIELDS (1-6, handed to `move`), what
@@ -131,11 +184,7 @@ end
 local CLAIM_FIELDS = { 'status', 'created_at', 'wait_event', 'wait_run', 'cgate', 'parked',
   'attempt', 'climit', 'tgate', 'tlimit', 'tperiod', 'nosteps', 'lease_token', 'sbytes' }
 local CLAIM_RUN = #CLAIM_FIELDS + 1
-local RUN_AT = {}
-for i = 1, #RUN_FIELDS do
-  RUN_AT[RUN_FIELDS[i]] = i
-  CLAIM_FIELDS[CLAIM_RUN + i - 1] = RUN_FIELDS[i]
-end
+for i = 1, #RUN_FIELDS do CLAIM_FIELDS[CLAIM_RUN + i - 1] = RUN_FIELDS[i] end
 
 -- A claimed run and its steps: `fields` its run_fields as the claim has them.
 -- `nosteps`: the run's `nosteps` flag (set at creation, cleared by its first step), so a
@@ -168,6 +217,7 @@ end
 local function park(id, gate, score)
   redis.call('ZREM', P .. 'q', id)
   redis.call('ZADD', P .. 'park:' .. gate, score, id)
+  charge(id, unpack_cost(id, { 'parked', gate }))
   redis.call('HSET', runkey(id), 'parked', gate)
 end
 
@@ -222,7 +272,7 @@ local function move(id, status, fields, pre)
     redis.call('ZREM', P .. 'park:' .. r[6], id)
     redis.call('HDEL', rk, 'parked')
   end
-  charge(id, blob_delta(rk, fields))
+  charge(id, blob_delta(id, fields))
   redis.call('HSET', rk, 'status', status, 'updated_at', I(NOW), unpack(fields))
   if status == 'queued' or status == 'sleeping' then
     local h = redis.call('HMGET', rk, 'due_at', 'rank_offset')

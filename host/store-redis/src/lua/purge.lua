@@ -3,10 +3,11 @@ local n = 0
 local function delete(id)
   local rk = runkey(id)
   local r = redis.call('HMGET', rk, 'status', 'function', 'parent', 'idempotency_key', 'sbytes',
-    'lbytes', 'digest')
+    'lbytes', 'digest', 'sv')
   charge(nil, -(tonumber(r[5] or '0') + tonumber(r[6] or '0')))
-  if r[7] and redis.call('HINCRBY', P .. 'rdig', r[7], -1) <= 0 then
-    redis.call('HDEL', P .. 'rdig', r[7])
+  if r[7] then
+    local k = pin(r[7], r[8])
+    if redis.call('HINCRBY', P .. 'rdig', k, -1) <= 0 then redis.call('HDEL', P .. 'rdig', k) end
   end
   redis.call('ZREM', P .. 'all', id)
   redis.call('ZREM', P .. 'ended:ok', id)
@@ -20,7 +21,7 @@ local function delete(id)
     if v and string.sub(v, -#id) == id then redis.call('HDEL', ik, r[4]) end
   end
   redis.call('DEL', rk, P .. 'steps:' .. id, P .. 'stepseq:' .. id, P .. 'att:' .. id,
-    P .. 'logs:' .. id, P .. 'rw:' .. id)
+    P .. 'logs:' .. id, P .. 'rw:' .. id, inkey(id))
 end
 for _, pair in ipairs({ { 'ended:ok', ARGV[5] }, { 'ended:bad', ARGV[6] } }) do
   if n < LIMIT then

@@ -4,7 +4,7 @@ if bad then return { bad } end
 local rk = runkey(id)
 if kind == 'progress' then
   -- Progress replaces itself (bounded by the sandbox): charged, never refused.
-  charge(id, blob_delta(rk, { 'progress', ARGV[8] }))
+  charge(id, blob_delta(id, { 'progress', ARGV[8] }))
   redis.call('HSET', rk, 'progress', ARGV[8], 'updated_at', I(NOW))
   return { 'ok' }
 end

@@ -17,7 +17,7 @@ local stride = 3 + FLOW_ARGS
 if k ~= #subs then return { 'stale' } end
 for i, fname in ipairs(subs) do
   local o = sb + 1 + (i - 1) * stride
-  if ARGV[o] ~= fname or (redis.call('HGET', P .. 'fn:' .. fname, 'settings') or '') ~= ARGV[o + 2] then
+  if ARGV[o] ~= fname or (settings_version(P .. 'fn:' .. fname) or '') ~= ARGV[o + 2] then
     return { 'stale' }
   end
   local fl = read_flow(o + 3)
@@ -33,7 +33,7 @@ local cost = event_cost(EID)
 local maxrun = quota('max_run_bytes')
 for i, fname in ipairs(subs) do
   local o = sb + 1 + (i - 1) * stride
-  local c = run_cost(DATA, 'event:' .. NAME, ARGV[o + 2], 'event:' .. EID, '', read_flow(o + 3))
+  local c = run_cost(DATA, 'event:' .. NAME, ARGV[o + 2], 'event:' .. EID, '', read_flow(o + 3), '')
   if maxrun and c > maxrun then return { 'storage', 'run', '0', I(c), I(maxrun) } end
   cost = cost + c
 end

@@ -1,0 +1,281 @@
+//! How a run is laid out in Redis, against a real redis-server: a run pins its function's
+//! settings by version instead of copying them, its hash stays packed (a listpack) while
+//! its values are short, a long input is kept beside it, and runs and functions an older
+//! wasq wrote (settings copied into every run, no versions) are still read and run.
+
+use std::sync::Arc;
+
+use wasq_core::*;
+use wasq_store_redis::testing::{RedisOptions, RedisServer};
+use wasq_store_redis::{RedisStore, StoreOptions};
+
+fn settings() -> FunctionSettings {
+    let mut s = FunctionSettings::default();
+    s.limits.timeout_ms = 1_234;
+    s.retry.max_attempts = 7;
+    s
+}
+
+async fn store(url: &str) -> RedisStore {
+    RedisStore::connect_with(
+        url,
+        Arc::new(SystemClock),
+        StoreOptions::default().with_namespace("layout"),
+    )
+    .await
+    .unwrap()
+}
+
+async fn deploy(store: &RedisStore) {
+    store
+        .deploy(DeployRequest {
+            tenant: "t".into(),
+            name: "f".into(),
+            digest: "d".into(),
+            component: b"c".to_vec(),
+            settings: settings(),
+            events: vec![],
+            schedule: None,
+        })
+        .await
+        .expect("deploy");
+}
+
+async fn enqueue(store: &RedisStore, input: &[u8]) -> Run {
+    store
+        .enqueue(EnqueueRequest {
+            tenant: "t".into(),
+            function: "f".into(),
+            input: input.to_vec(),
+            trigger: "api".into(),
+            due_at: None,
+            idempotency_key: None,
+            retry: None,
+            parent: None,
+            priority: None,
+        })
+        .await
+        .expect("enqueue")
+        .run
+}
+
+/// Claims what is due, in id order.
+async fn claim(store: &RedisStore) -> Vec<Claimed> {
+    let mut claimed = store
+        .claim(ClaimRequest {
+            worker: "w".into(),
+            limit: 10,
+            lease_ms: 30_000,
+        })
+        .await
+        .expect("claim");
+    claimed.sort_by(|a, b| a.run.id.cmp(&b.run.id));
+    claimed
+}
+
+fn ids(claimed: &[Claimed]) -> Vec<String> {
+    claimed.iter().map(|c| c.run.id.clone()).collect()
+}
+
+fn sorted(mut ids: Vec<String>) -> Vec<String> {
+    ids.sort();
+    ids
+}
+
+async fn succeed(store: &RedisStore, claimed: &[Claimed]) {
+    for c in claimed {
+        let done = Outcome::Succeeded {
+            output: b"1".to_vec(),
+            fuel_used: None,
+        };
+        store.end_attempt(&c.lease, done).await.expect("finish");
+    }
+}
+
+async fn purge_all(store: &RedisStore) -> usize {
+    store
+        .purge(PurgeRequest {
+            succeeded_before: i64::MAX,
+            failed_before: i64::MAX,
+            limit: 10,
+        })
+        .await
+        .expect("purge")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_pins_its_settings_by_version_and_its_hash_stays_packed() {
+    let server = RedisServer::start(RedisOptions::default());
+    let store = store(&server.url()).await;
+    deploy(&store).await;
+    let p = store.tenant_prefix("t");
+    let short = enqueue(&store, br#"{"i":1}"#).await;
+    let long_input = format!(r#"{{"blob":"{}"}}"#, "x".repeat(1_000)).into_bytes();
+    let long = enqueue(&store, &long_input).await;
+
+    let sv = server.cli(&["HGET", &format!("{p}fn:f"), "sv"]);
+    let sv = sv.trim();
+    assert_eq!(sv.len(), 16, "a settings version: {sv:?}");
+    for run in [&short, &long] {
+        let key = format!("{p}run:{}", run.id);
+        assert_eq!(server.cli(&["HGET", &key, "sv"]).trim(), sv);
+        assert_eq!(server.cli(&["HEXISTS", &key, "settings"]).trim(), "0");
+        assert_eq!(
+            server.cli(&["OBJECT", "ENCODING", &key]).trim(),
+            "listpack",
+            "the hash of run {} is packed",
+            run.id
+        );
+        assert_eq!(run.settings, settings());
+    }
+    // The long input lives beside the hash, and comes back whole.
+    let in_key = format!("{p}in:{}", long.id);
+    assert_eq!(server.cli(&["EXISTS", &in_key]).trim(), "1");
+    assert_eq!(
+        server
+            .cli(&["EXISTS", &format!("{p}in:{}", short.id)])
+            .trim(),
+        "0"
+    );
+    let detail = store.run("t", &long.id).await.unwrap().expect("the run");
+    assert_eq!(detail.run.input, long_input);
+
+    // A fresh store (nothing cached) reads the settings by version.
+    let fresh = self::store(&server.url()).await;
+    let claimed = claim(&fresh).await;
+    assert_eq!(
+        ids(&claimed),
+        sorted(vec![short.id.clone(), long.id.clone()])
+    );
+    for c in &claimed {
+        assert_eq!(c.run.settings, settings());
+        let input = if c.run.id == long.id {
+            &long_input[..]
+        } else {
+            br#"{"i":1}"#
+        };
+        assert_eq!(c.run.input, input);
+    }
+
+    // Ended and purged, a run takes its input key with it.
+    succeed(&fresh, &claimed).await;
+    let purged = purge_all(&fresh).await;
+    assert_eq!(purged, 2);
+    assert_eq!(server.cli(&["EXISTS", &in_key]).trim(), "0");
+    assert_eq!(
+        server
+            .cli(&["EXISTS", &format!("{p}run:{}", long.id)])
+            .trim(),
+        "0"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_and_functions_from_before_settings_versions_still_run() {
+    let server = RedisServer::start(RedisOptions::default());
+    let old = store(&server.url()).await;
+    deploy(&old).await;
+    let p = old.tenant_prefix("t");
+    let before = enqueue(&old, br#"{"i":1}"#).await;
+
+    // Rewrite them as an older wasq left them: the blob in the run, no versions at all.
+    let fk = format!("{p}fn:f");
+    let rk = format!("{p}run:{}", before.id);
+    let blob = server.cli(&["HGET", &fk, "settings"]);
+    let sv = server.cli(&["HGET", &fk, "sv"]);
+    let (blob, sv) = (blob.trim_end(), sv.trim());
+    assert!(blob.starts_with('{'), "{blob}");
+    assert_eq!(server.cli(&["HDEL", &rk, "sv"]).trim(), "1");
+    assert_eq!(server.cli(&["HSET", &rk, "settings", blob]).trim(), "1");
+    assert_eq!(server.cli(&["HDEL", &fk, "sv"]).trim(), "1");
+    assert_eq!(server.cli(&["DEL", &format!("{p}sets")]).trim(), "1");
+    let rdig = format!("{p}rdig");
+    assert_eq!(server.cli(&["HDEL", &rdig, &format!("d|{sv}")]).trim(), "1");
+    assert_eq!(server.cli(&["HSET", &rdig, "d", "1"]).trim(), "1");
+
+    // A new process reads the old run, and creates runs of the old function: the first
+    // script that meets the function gives it its version back.
+    let new = store(&server.url()).await;
+    let read = new
+        .run("t", &before.id)
+        .await
+        .unwrap()
+        .expect("the old run");
+    assert_eq!(read.run.settings, settings());
+    let after = enqueue(&new, br#"{"i":2}"#).await;
+    assert_eq!(after.settings, settings());
+    assert_eq!(server.cli(&["HGET", &fk, "sv"]).trim(), sv);
+    assert_eq!(
+        server.cli(&["HGET", &format!("{p}sets"), sv]).trim_end(),
+        blob
+    );
+    let claimed = claim(&new).await;
+    assert_eq!(
+        ids(&claimed),
+        sorted(vec![before.id.clone(), after.id.clone()])
+    );
+    assert!(claimed.iter().all(|c| c.run.settings == settings()));
+
+    // Both pins are counted the way each run holds them, so the component stays.
+    assert_eq!(server.cli(&["HGET", &rdig, "d"]).trim(), "1");
+    assert_eq!(server.cli(&["HGET", &rdig, &format!("d|{sv}")]).trim(), "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settings_version_no_run_or_function_uses_is_collected() {
+    let server = RedisServer::start(RedisOptions::default());
+    let store = store(&server.url()).await;
+    deploy(&store).await;
+    let p = store.tenant_prefix("t");
+    let sets = format!("{p}sets");
+    let first = server
+        .cli(&["HGET", &format!("{p}fn:f"), "sv"])
+        .trim()
+        .to_owned();
+    let run = enqueue(&store, b"{}").await;
+    // Redeployed with other settings: the queued run keeps the first version.
+    let mut other = settings();
+    other.limits.timeout_ms = 4_321;
+    store
+        .deploy(DeployRequest {
+            tenant: "t".into(),
+            name: "f".into(),
+            digest: "d".into(),
+            component: b"c".to_vec(),
+            settings: other.clone(),
+            events: vec![],
+            schedule: None,
+        })
+        .await
+        .unwrap();
+    let second = server
+        .cli(&["HGET", &format!("{p}fn:f"), "sv"])
+        .trim()
+        .to_owned();
+    assert_ne!(first, second);
+    store
+        .collect_components(std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(
+        server.cli(&["HLEN", &sets]).trim(),
+        "2",
+        "the run pins the first"
+    );
+    let claimed = claim(&store).await;
+    assert_eq!(ids(&claimed), [run.id]);
+    assert_eq!(
+        claimed[0].run.settings,
+        settings(),
+        "the run runs with what it pinned"
+    );
+
+    // Once the run is gone, so is the version only it used.
+    succeed(&store, &claimed).await;
+    assert_eq!(purge_all(&store).await, 1);
+    store
+        .collect_components(std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(server.cli(&["HKEYS", &sets]).trim(), second);
+}
