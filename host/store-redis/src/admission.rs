@@ -13,7 +13,10 @@ impl RedisStore {
             let Some(fs) = self.fn_settings(&req.tenant, &req.function, fresh).await? else {
                 return Err(not_found());
             };
-            let plan = fs.flow.plan(&req.function, &req.input, req.priority);
+            let plan = fs
+                .settings
+                .flow
+                .plan(&req.function, &req.input, req.priority);
             let args = Args::new()
                 .s(&id)
                 .s(&req.function)
@@ -54,14 +57,14 @@ impl RedisStore {
             }
             self.published(&req.tenant, &mut rest).await?;
             let mut rest = rest.into_iter();
-            let created = int(rest.next().ok_or_else(|| corrupt("short enqueue reply"))?)? == 1;
-            let run = self
-                .run_from(
-                    &req.tenant,
-                    rest.next().ok_or_else(|| corrupt("short enqueue reply"))?,
-                    None,
-                )
-                .await?;
+            let mut next = || rest.next().ok_or_else(|| corrupt("short enqueue reply"));
+            let created = int(next()?)? == 1;
+            let stored = next()?;
+            if stored != Value::Nil {
+                let run = self.run_from(&req.tenant, stored, None).await?;
+                return Ok(Enqueued { run, created });
+            }
+            let run = new_run(req, id, now, &fs.settings, plan, next()?)?;
             return Ok(Enqueued { run, created });
         }
         Err(StoreError::Unavailable(format!(
@@ -97,10 +100,7 @@ impl RedisStore {
         if !version.is_empty() {
             self.inner.parsed.insert(version.as_bytes(), &settings);
         }
-        let s = Arc::new(FnSettings {
-            version,
-            flow: settings.flow,
-        });
+        let s = Arc::new(FnSettings { version, settings });
         let mut cache = self.settings_cache();
         if cache.len() >= SETTINGS_CACHE_MAX {
             cache.clear();
@@ -257,4 +257,56 @@ pub(crate) fn flow_args(
         .s(&debounced.version)
         .s(if debounced.replaces { "1" } else { "0" });
     Ok(args)
+}
+
+/// A run the enqueue script created queued, built from its request and what the script
+/// answered of it (`made`: status, due_at, digest, max_attempts, sbytes), as the script
+/// stored it (`insert_run`): the same fields `decode` would read back.
+fn new_run(
+    req: EnqueueRequest,
+    id: String,
+    now: i64,
+    function: &FunctionSettings,
+    plan: FlowPlan,
+    made: Value,
+) -> Result<Run, StoreError> {
+    let made = array(made)?;
+    let [status, due, digest, max_attempts, sbytes] = &made[..] else {
+        return Err(corrupt("enqueue reply: a created run's fields"));
+    };
+    let num = |v: &Value| -> Result<i64, StoreError> {
+        string(v.clone())?
+            .parse()
+            .map_err(|e| corrupt(format!("enqueue reply: {e}")))
+    };
+    let mut settings = function.clone();
+    if let Some(retry) = req.retry {
+        settings.retry = retry;
+    }
+    settings.retry.max_attempts = u32::try_from(num(max_attempts)?).map_err(corrupt)?;
+    Ok(Run {
+        id,
+        tenant: req.tenant,
+        function: req.function,
+        digest: string(digest.clone())?,
+        settings,
+        status: string(status.clone())?.parse().map_err(corrupt)?,
+        input: req.input,
+        output: None,
+        error: None,
+        attempt: 0,
+        trigger: req.trigger,
+        priority: plan.priority,
+        keys: plan.keys,
+        idempotency_key: req.idempotency_key,
+        parent: req.parent,
+        wait: None,
+        progress: None,
+        created_at: now,
+        updated_at: now,
+        due_at: num(due)?,
+        finished_at: None,
+        stored_bytes: num(sbytes)?.max(0) as u64,
+        log_bytes: 0,
+    })
 }

@@ -152,7 +152,7 @@ impl RedisStore {
             let (version, plan) = match self.fn_settings(tenant, &name, true).await? {
                 Some(fs) => (
                     fs.version.clone(),
-                    fs.flow.plan(&name, data.as_bytes(), None),
+                    fs.settings.flow.plan(&name, data.as_bytes(), None),
                 ),
                 None => (String::new(), FlowPlan::default()),
             };

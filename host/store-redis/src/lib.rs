@@ -215,7 +215,7 @@ struct Inner {
 struct FnSettings {
     /// Its version (`sv`), which the run pins.
     version: String,
-    flow: FlowControl,
+    settings: FunctionSettings,
 }
 
 /// Settings blobs cached at most (then the cache starts over).

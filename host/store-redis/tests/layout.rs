@@ -279,3 +279,64 @@ async fn a_settings_version_no_run_or_function_uses_is_collected() {
         .unwrap();
     assert_eq!(server.cli(&["HKEYS", &sets]).trim(), second);
 }
+
+/// A new queued run is not read back: the store builds what the enqueue returns from the
+/// request and the script's few answers. It must be the run as stored, field for field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_run_an_enqueue_returns_is_the_run_stored() {
+    let server = RedisServer::start(RedisOptions::default());
+    let store = store(&server.url()).await;
+    let mut flowing = settings();
+    flowing.flow.concurrency = Some(wasq_core::flow::ConcurrencyLimit {
+        limit: 2,
+        key: Some(wasq_core::flow::KeyExpr::parse("input.customer").unwrap()),
+    });
+    flowing.flow.priority = 3;
+    store
+        .deploy(DeployRequest {
+            tenant: "t".into(),
+            name: "f".into(),
+            digest: "d".into(),
+            component: b"c".to_vec(),
+            settings: flowing,
+            events: vec![],
+            schedule: None,
+        })
+        .await
+        .unwrap();
+    let parent = enqueue(&store, b"{}").await;
+    let long = format!(r#"{{"customer":"c1","pad":"{}"}}"#, "p".repeat(200));
+    let requests = [
+        EnqueueRequest {
+            tenant: "t".into(),
+            function: "f".into(),
+            input: br#"{"customer":"c1"}"#.to_vec(),
+            trigger: "api".into(),
+            due_at: None,
+            idempotency_key: Some("k-1".into()),
+            retry: Some(RetryPolicy {
+                max_attempts: 9,
+                ..RetryPolicy::default()
+            }),
+            parent: Some(parent.id.clone()),
+            priority: Some(-2),
+        },
+        EnqueueRequest {
+            tenant: "t".into(),
+            function: "f".into(),
+            input: long.into_bytes(),
+            trigger: "cron".into(),
+            due_at: Some(i64::MAX / 4),
+            idempotency_key: None,
+            retry: None,
+            parent: None,
+            priority: None,
+        },
+    ];
+    for req in requests {
+        let made = store.enqueue(req).await.unwrap();
+        assert!(made.created);
+        let stored = store.run("t", &made.run.id).await.unwrap().unwrap().run;
+        assert_eq!(made.run, stored);
+    }
+}

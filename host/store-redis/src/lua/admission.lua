@@ -43,7 +43,8 @@ end
 -- computed `fl` from: the run pins that version (`sets`), not a copy of the blob. Applies the rate limit (the run is created skipped), debounce (the
 -- pending run of the key is skipped), the tenant's max_queued (when fl.enforce) and its
 -- storage quotas. Returns id, created, error ('not_found', 'stale', 'quota', or a
--- 'storage' reply), runs woken.
+-- 'storage' reply), runs woken, and for a created run what Rust cannot know of it:
+-- { status, due_at, digest, max_attempts, sbytes }.
 local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max, parent, sv, fl)
   local fk = P .. 'fn:' .. fname
   local f = redis.call('HMGET', fk, 'digest', 'sv', 'max_attempts')
@@ -154,5 +155,5 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
     end
     if fl.rgate ~= '' then window_log(fl.rgate, tonumber(fl.rlimit)) end
   end
-  return id, true, nil, woke
+  return id, true, nil, woke, { status, due, f[1], max, I(cost) }
 end

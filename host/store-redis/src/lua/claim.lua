@@ -96,10 +96,9 @@ while #out < room and parks > 0 do
   local id, score = head[hi], head[hi + 1]
   if not id then break end
   hi = hi + 2
-  local rk = runkey(id)
-  local r = redis.call('HMGET', rk, unpack(CLAIM_FIELDS))
-  local status, cgate, attempt, climit = r[1], r[5], r[7], r[8]
-  local tgate, tlimit, tperiod = r[9], r[10], r[11]
+  local r = run_hash(id)
+  local status, cgate, attempt, climit = r.status, r.cgate, r.attempt, r.climit
+  local tgate, tlimit, tperiod = r.tgate, r.tlimit, r.tperiod
   local throttled = false
   if tgate and THROTTLES[status] then
     if attempt == '0' then throttled = THROTTLES[status][1] else throttled = THROTTLES[status][2] end
@@ -124,18 +123,21 @@ while #out < room and parks > 0 do
     -- The new execution's record is charged to the run within the move (its fields hold
     -- no blob, so the move charges nothing itself) and to the tenant once per claim.
     local lease = { status = 'running', updated_at = I(NOW), attempt = I(n),
-      lease_expires_at = I(NOW + LEASE), lease_token = I(tonumber(r[13] or '0') + 1),
-      sbytes = I(tonumber(r[14] or '0') + ATT_COST) }
+      lease_expires_at = I(NOW + LEASE), lease_token = I(tonumber(r.lease_token or '0') + 1),
+      sbytes = I(tonumber(r.sbytes or '0') + ATT_COST) }
     move(id, 'running', { 'attempt', lease.attempt, 'resumed', resumed,
       'lease_expires_at', lease.lease_expires_at, 'worker', WORKER,
-      'lease_token', lease.lease_token, 'sbytes', lease.sbytes }, r)
+      'lease_token', lease.lease_token, 'sbytes', lease.sbytes },
+      { status, r.created_at, r.wait_event, r.wait_run, cgate, r.parked })
     redis.call('RPUSH', P .. 'att:' .. id, I(n) .. '|' .. I(NOW) .. '|' .. WORKER_JSON)
     claimed_bytes = claimed_bytes + ATT_COST
     -- The run as the move left it: what it read, with what the move wrote (`move` sets
     -- status, updated_at and these fields, and drops `parked`, which replies leave out).
-    local fields = with_input(id, { unpack(r, CLAIM_RUN) })
+    local fields = {}
+    for i, f in ipairs(RUN_FIELDS) do fields[i] = r[f] or false end
+    fields = with_input(id, fields)
     for f, v in pairs(lease) do fields[RUN_AT[f]] = v end
-    out[#out + 1] = load_run(id, r[12] == '1', fields)
+    out[#out + 1] = load_run(id, r.nosteps == '1', fields)
   end
 end
 charge(nil, claimed_bytes)

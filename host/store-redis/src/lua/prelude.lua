@@ -158,6 +158,8 @@ local TERMINAL = { succeeded = true, failed = true, cancelled = true, skipped = 
 -- A run as replies carry it: the values of RUN_FIELDS (decode.rs), in order. Without its
 -- last field, output, when the caller already has it.
 local RUN_FIELDS = { @RUN_FIELDS@ }
+-- RUN_AT: where each of RUN_FIELDS is in a run_fields reply. (Built with a plain loop: a
+-- library's load sees no `ipairs` or `unpack`, only its calls do.)
 local RUN_AT = {}
 for i = 1, #RUN_FIELDS do RUN_AT[RUN_FIELDS[i]] = i end
 -- An input longer than PACKED_MAX is kept beside the run's hash, in `in:<id>`, so that the
@@ -176,15 +178,14 @@ local function run_fields(id, without_output)
   return with_input(id, redis.call('HMGET', runkey(id), unpack(RUN_FIELDS, 1, n)))
 end
 
--- What a claim reads of a run, in one HMGET: MOVE_FIELDS (1-6, handed to `move`), what
--- its gates and the lease need (7-14), then RUN_FIELDS (from CLAIM_RUN on: the reply,
--- once patched with what the lease changed). RUN_AT: where each of RUN_FIELDS is in a
--- run_fields reply. (Built with plain loops: a library's load sees no `ipairs` or
--- `unpack`, only its calls do.)
-local CLAIM_FIELDS = { 'status', 'created_at', 'wait_event', 'wait_run', 'cgate', 'parked',
-  'attempt', 'climit', 'tgate', 'tlimit', 'tperiod', 'nosteps', 'lease_token', 'sbytes' }
-local CLAIM_RUN = #CLAIM_FIELDS + 1
-for i = 1, #RUN_FIELDS do CLAIM_FIELDS[CLAIM_RUN + i - 1] = RUN_FIELDS[i] end
+-- A run's hash as a table by field name, read whole (one HGETALL). A claim reads it so:
+-- a packed hash answers an HMGET of many fields one scan per field, HGETALL in one.
+local function run_hash(id)
+  local h = redis.call('HGETALL', runkey(id))
+  local r = {}
+  for i = 1, #h, 2 do r[h[i]] = h[i + 1] end
+  return r
+end
 
 -- A claimed run and its steps: `fields` its run_fields as the claim has them.
 -- `nosteps`: the run's `nosteps` flag (set at creation, cleared by its first step), so a
