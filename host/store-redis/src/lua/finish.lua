@@ -1,9 +1,10 @@
 local ID = ARGV[5]
 local rk = runkey(ID)
 -- MOVE_FIELDS first (handed to the one move of this run below), then the lease and the
--- flags that pick the transition.
+-- flags that pick the transition, then the blobs the transition sets or drops (their
+-- lengths spare `apply` an HSTRLEN each; they are nearly always absent).
 local m = redis.call('HMGET', rk, 'status', 'created_at', 'wait_event', 'wait_run', 'cgate',
-  'parked', 'lease_token', 'resumed', 'cancel_requested')
+  'parked', 'lease_token', 'resumed', 'cancel_requested', 'error', 'output', 'resolution')
 if not m[1] then return { 'not_found' } end
 if m[1] ~= 'running' or m[7] ~= ARGV[6] then return { 'lease_lost' } end
 -- The outcome's transition, then for a run that resumed and for one whose cancel was
@@ -34,7 +35,9 @@ local W = o
 local extra = nil
 if t.status == 'waiting' then extra = { 'wait', ARGV[W], 'wait_step', ARGV[W + 1] } end
 local wake = 0
-if apply(ID, t, m, extra) then wake = 1 end
+local lens = {}
+for i, f in ipairs({ 'error', 'output', 'resolution' }) do lens[f] = m[9 + i] and #m[9 + i] or 0 end
+if apply(ID, t, m, extra, lens) then wake = 1 end
 if t.status == 'waiting' then
   local until_, on, target = ARGV[W + 2], ARGV[W + 3], ARGV[W + 4]
   if until_ ~= '' then redis.call('ZADD', P .. 'timeouts', until_, ID) end
@@ -61,5 +64,9 @@ wake = wake + resolve_waiters_of(ID)
 local pub = publish(wake, false)
 -- ARGV[7] 'status': the run's status only (a wait may have resolved at once). A success
 -- stores the output the caller sent: the reply leaves it out.
-if ARGV[7] == 'status' then return { 'ok', pub or false, redis.call('HGET', rk, 'status') } end
+if ARGV[7] == 'status' then
+  local status = t.status
+  if status == 'waiting' then status = redis.call('HGET', rk, 'status') end
+  return { 'ok', pub or false, status }
+end
 return { 'ok', pub or false, run_fields(ID, t.hasout == '1') }

@@ -102,13 +102,19 @@ local function unpack_cost(id, fields)
   end
   return 0
 end
+-- The stored length of blob `f` of run `id`: from `lens` (lengths the caller read with
+-- the run, by field) when it has it, else read.
+local function blob_len(id, f, lens)
+  local n = lens and lens[f]
+  if n then return n end
+  return redis.call('HSTRLEN', runkey(id), f)
+end
 -- What setting `fields` on run `id` adds to its bytes.
-local function blob_delta(id, fields)
-  local rk = runkey(id)
+local function blob_delta(id, fields, lens)
   local d = 0
   for i = 1, #fields, 2 do
     if BLOBS[fields[i]] then
-      d = d + mem(#fields[i + 1]) - mem(redis.call('HSTRLEN', rk, fields[i]))
+      d = d + mem(#fields[i + 1]) - mem(blob_len(id, fields[i], lens))
     end
   end
   return d + unpack_cost(id, fields)
@@ -133,15 +139,15 @@ local function pin(digest, sv)
   if sv then return digest .. '|' .. sv end
   return digest
 end
-local function drop_blobs(id, ...)
-  local rk = runkey(id)
+local function drop_blobs_known(id, lens, fields)
   local d = 0
-  for _, f in ipairs({ ... }) do
-    if BLOBS[f] then d = d - mem(redis.call('HSTRLEN', rk, f)) end
+  for _, f in ipairs(fields) do
+    if BLOBS[f] then d = d - mem(blob_len(id, f, lens)) end
   end
   charge(id, d)
-  redis.call('HDEL', rk, ...)
+  redis.call('HDEL', runkey(id), unpack(fields))
 end
+local function drop_blobs(id, ...) drop_blobs_known(id, nil, { ... }) end
 
 -- An event id is kept twice (the dedup hash and its time index).
 local function event_cost(eid) return C_EVENT + 2 * #eid end
@@ -247,7 +253,7 @@ local MOVE_FIELDS = { 'status', 'created_at', 'wait_event', 'wait_run', 'cgate',
 -- status puts it in: queued and sleeping runs are in `ready` or `q` (or parked), running
 -- runs in `leases`, waiting runs in `timeouts` and their waiter set; entries an index
 -- keeps after a run left its status are dropped by the claim that meets them.
-local function move(id, status, fields, pre)
+local function move(id, status, fields, pre, lens)
   local rk = runkey(id)
   local r = pre or redis.call('HMGET', rk, unpack(MOVE_FIELDS))
   local old, created, cgate = r[1], r[2], r[5]
@@ -273,7 +279,7 @@ local function move(id, status, fields, pre)
     redis.call('ZREM', P .. 'park:' .. r[6], id)
     redis.call('HDEL', rk, 'parked')
   end
-  charge(id, blob_delta(id, fields))
+  charge(id, blob_delta(id, fields, lens))
   redis.call('HSET', rk, 'status', status, 'updated_at', I(NOW), unpack(fields))
   if status == 'queued' or status == 'sleeping' then
     local h = redis.call('HMGET', rk, 'due_at', 'rank_offset')
@@ -409,9 +415,9 @@ local function read_transition(i)
 end
 
 -- Writes transition `t` of run `id`: its history, its tenant's usage, its hash and every
--- index (`move`, which takes `pre` and `extra` fields). It decides nothing: whatever the
+-- index (`move`, which takes `pre`, `extra` fields and the blobs' `lens`). It decides nothing: whatever the
 -- transition says is stored. Returns whether the run is now claimable at once.
-local function apply(id, t, pre, extra)
+local function apply(id, t, pre, extra, lens)
   local rk = runkey(id)
   if t.exec == 'close' then
     close_attempt(id, t.eerr, t.efuel, t.esusp)
@@ -437,8 +443,8 @@ local function apply(id, t, pre, extra)
   if t.giveback == '1' then
     set('attempt', I(tonumber(redis.call('HGET', rk, 'attempt')) - 1))
   end
-  move(id, t.status, fields, pre)
-  drop_blobs(id, unpack(gone))
+  move(id, t.status, fields, pre, lens)
+  drop_blobs_known(id, lens, gone)
   return (t.status == 'queued' or t.status == 'sleeping')
     and tonumber(redis.call('HGET', rk, 'due_at')) <= NOW
 end
