@@ -40,9 +40,9 @@ end
 
 -- Creates a run of function `fname`, or returns the run created earlier with the same
 -- idempotency key within the window. `sv` is the version of the function's settings Rust
--- computed `fl` from: the run pins that version (`sets`), not a copy of the blob. Applies the rate limit (the run is created skipped), debounce (the
--- pending run of the key is skipped), the tenant's max_queued (when fl.enforce) and its
--- storage quotas. Returns id, created, error ('not_found', 'stale', 'quota', or a
+-- computed `fl` from: the run pins that version (`sets`), not a copy of the blob.
+-- Applies the rate limit (the run is created skipped), debounce (the pending run of the
+-- key is skipped), the tenant's max_queued (when fl.enforce) and its storage quotas. Returns id, created, error ('not_found', 'stale', 'quota', or a
 -- 'storage' reply), runs woken, and for a created run what Rust cannot know of it:
 -- { status, due_at, digest, max_attempts, sbytes }.
 local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max, parent, sv, fl)
