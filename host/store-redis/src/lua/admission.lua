@@ -107,12 +107,14 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
   end
   local max = f[3]
   if retry ~= '' then max = retry_max end
+  -- A packed hash finds a field by scanning from its start: the fields every claim and
+  -- finish read or write come first.
   local fields = {
+    'status', status, 'lease_token', '0', 'attempt', '0', 'updated_at', I(NOW),
+    'resumed', '0', 'sbytes', '0', 'created_at', I(NOW), 'cancel_requested', '0',
+    'nosteps', '1', 'due_at', due, 'rank_offset', fl.offset,
     'id', id, 'tenant', TENANT, 'function', fname, 'digest', f[1], 'sv', sv,
-    'max_attempts', max, 'status', status, 'attempt', '0',
-    'trigger', trigger, 'created_at', I(NOW), 'updated_at', I(NOW), 'due_at', due,
-    'lease_token', '0', 'cancel_requested', '0', 'resumed', '0', 'nosteps', '1',
-    'priority', fl.prio, 'rank_offset', fl.offset,
+    'max_attempts', max, 'trigger', trigger, 'priority', fl.prio,
   }
   local function add(k, v) if v ~= '' then fields[#fields + 1] = k; fields[#fields + 1] = v end end
   if #input > PACKED_MAX then
@@ -136,7 +138,7 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
     add('resolution', fl.rres)
   end
   if unpacked then add('up', '1') end
-  add('sbytes', I(cost))
+  fields[12] = I(cost) -- sbytes' value, placed sixth above
   if parent ~= '' then redis.call('ZADD', P .. 'kids:' .. parent, NOW, id) end
   redis.call('HSET', runkey(id), unpack(fields))
   charge(nil, cost)
