@@ -182,6 +182,55 @@ pub struct EnqueueRequest {
     pub priority: Option<i32>,
 }
 
+impl EnqueueRequest {
+    /// The settings a run this request creates runs with: the function's, with the
+    /// request's retry policy in place of theirs when it brings one.
+    pub fn run_settings(&self, function: &FunctionSettings) -> FunctionSettings {
+        let mut settings = function.clone();
+        if let Some(retry) = self.retry {
+            settings.retry = retry;
+        }
+        settings
+    }
+
+    /// The run this request creates, as every store creates it: queued, nothing run or
+    /// stored yet, due when the request says (a store that debounces moves `due_at`).
+    pub fn into_run(
+        self,
+        id: RunId,
+        now: Millis,
+        digest: String,
+        settings: FunctionSettings,
+        plan: &crate::flow::FlowPlan,
+    ) -> Run {
+        Run {
+            id,
+            tenant: self.tenant,
+            function: self.function,
+            digest,
+            settings,
+            status: RunStatus::Queued,
+            input: self.input,
+            output: None,
+            error: None,
+            attempt: 0,
+            trigger: self.trigger,
+            priority: plan.priority,
+            keys: plan.keys.clone(),
+            idempotency_key: self.idempotency_key,
+            parent: self.parent,
+            wait: None,
+            progress: None,
+            created_at: now,
+            updated_at: now,
+            due_at: self.due_at.unwrap_or(now),
+            finished_at: None,
+            stored_bytes: 0,
+            log_bytes: 0,
+        }
+    }
+}
+
 /// A cancel or a manual retry of a run, and who asked for it.
 #[derive(Debug, Clone)]
 pub struct RunAction {

@@ -103,10 +103,7 @@ pub(crate) fn prepare(
         .settings
         .flow
         .plan(&req.function, &req.input, req.priority);
-    let mut settings = function.settings.clone();
-    if let Some(retry) = req.retry {
-        settings.retry = retry;
-    }
+    let settings = req.run_settings(&function.settings);
     let over_rate = plan
         .rate_limit
         .as_ref()
@@ -125,31 +122,8 @@ pub(crate) fn prepare(
         }
         (replaces, due)
     };
-    let run = Run {
-        id,
-        tenant: req.tenant,
-        function: req.function,
-        digest: function.digest.clone(),
-        settings,
-        status: RunStatus::Queued,
-        input: req.input,
-        output: None,
-        error: None,
-        attempt: 0,
-        trigger: req.trigger,
-        priority: plan.priority,
-        keys: plan.keys.clone(),
-        idempotency_key: req.idempotency_key,
-        parent: req.parent,
-        wait: None,
-        progress: None,
-        created_at: now,
-        updated_at: now,
-        due_at: due,
-        finished_at: None,
-        stored_bytes: 0,
-        log_bytes: 0,
-    };
+    let mut run = req.into_run(id, now, function.digest.clone(), settings, &plan);
+    run.due_at = due;
     let mut entry = RunEntry::new(run, &plan);
     if over_rate {
         // Recorded, and skipped as it is created.

@@ -64,7 +64,7 @@ impl RedisStore {
                 let run = self.run_from(&req.tenant, stored, None).await?;
                 return Ok(Enqueued { run, created });
             }
-            let run = new_run(req, id, now, &fs.settings, plan, next()?)?;
+            let run = new_run(req, id, now, &fs.settings, &plan, next()?)?;
             return Ok(Enqueued { run, created });
         }
         Err(StoreError::Unavailable(format!(
@@ -259,15 +259,15 @@ pub(crate) fn flow_args(
     Ok(args)
 }
 
-/// A run the enqueue script created queued, built from its request and what the script
-/// answered of it (`made`: status, due_at, digest, max_attempts, sbytes), as the script
-/// stored it (`insert_run`): the same fields `decode` would read back.
+/// A run the enqueue script created queued: the run the request makes (core's
+/// `EnqueueRequest::into_run`) with what only the script knew of it (`made`: status,
+/// due_at, digest, max_attempts, sbytes), the same fields `decode` would read back.
 fn new_run(
     req: EnqueueRequest,
     id: String,
     now: i64,
     function: &FunctionSettings,
-    plan: FlowPlan,
+    plan: &FlowPlan,
     made: Value,
 ) -> Result<Run, StoreError> {
     let made = array(made)?;
@@ -279,34 +279,11 @@ fn new_run(
             .parse()
             .map_err(|e| corrupt(format!("enqueue reply: {e}")))
     };
-    let mut settings = function.clone();
-    if let Some(retry) = req.retry {
-        settings.retry = retry;
-    }
+    let mut settings = req.run_settings(function);
     settings.retry.max_attempts = u32::try_from(num(max_attempts)?).map_err(corrupt)?;
-    Ok(Run {
-        id,
-        tenant: req.tenant,
-        function: req.function,
-        digest: string(digest.clone())?,
-        settings,
-        status: string(status.clone())?.parse().map_err(corrupt)?,
-        input: req.input,
-        output: None,
-        error: None,
-        attempt: 0,
-        trigger: req.trigger,
-        priority: plan.priority,
-        keys: plan.keys,
-        idempotency_key: req.idempotency_key,
-        parent: req.parent,
-        wait: None,
-        progress: None,
-        created_at: now,
-        updated_at: now,
-        due_at: num(due)?,
-        finished_at: None,
-        stored_bytes: num(sbytes)?.max(0) as u64,
-        log_bytes: 0,
-    })
+    let mut run = req.into_run(id, now, string(digest.clone())?, settings, plan);
+    run.status = string(status.clone())?.parse().map_err(corrupt)?;
+    run.due_at = num(due)?;
+    run.stored_bytes = num(sbytes)?.max(0) as u64;
+    Ok(run)
 }

@@ -50,10 +50,7 @@ pub(crate) fn insert_run(
         .settings
         .flow
         .plan(&req.function, &req.input, req.priority);
-    let mut settings = function.settings;
-    if let Some(retry) = req.retry {
-        settings.retry = retry;
-    }
+    let settings = req.run_settings(&function.settings);
     let new = NewRun {
         id: &id,
         req: &req,

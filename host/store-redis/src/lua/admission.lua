@@ -111,7 +111,7 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
   -- finish read or write come first.
   local fields = {
     'status', status, 'lease_token', '0', 'attempt', '0', 'updated_at', I(NOW),
-    'resumed', '0', 'sbytes', '0', 'created_at', I(NOW), 'cancel_requested', '0',
+    'resumed', '0', 'sbytes', I(cost), 'created_at', I(NOW), 'cancel_requested', '0',
     'nosteps', '1', 'due_at', due, 'rank_offset', fl.offset,
     'id', id, 'tenant', TENANT, 'function', fname, 'digest', f[1], 'sv', sv,
     'max_attempts', max, 'trigger', trigger, 'priority', fl.prio,
@@ -138,7 +138,6 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
     add('resolution', fl.rres)
   end
   if unpacked then add('up', '1') end
-  fields[12] = I(cost) -- sbytes' value, placed sixth above
   if parent ~= '' then redis.call('ZADD', P .. 'kids:' .. parent, NOW, id) end
   redis.call('HSET', runkey(id), unpack(fields))
   charge(nil, cost)
