@@ -26,19 +26,24 @@ async fn store(url: &str) -> RedisStore {
     .unwrap()
 }
 
-async fn deploy(store: &RedisStore) {
+/// Deploys function "f" of tenant "t" with `settings`.
+async fn deploy_with(store: &RedisStore, settings: FunctionSettings) {
     store
         .deploy(DeployRequest {
             tenant: "t".into(),
             name: "f".into(),
             digest: "d".into(),
             component: b"c".to_vec(),
-            settings: settings(),
+            settings,
             events: vec![],
             schedule: None,
         })
         .await
         .expect("deploy");
+}
+
+async fn deploy(store: &RedisStore) {
+    deploy_with(store, settings()).await;
 }
 
 async fn enqueue(store: &RedisStore, input: &[u8]) -> Run {
@@ -236,18 +241,7 @@ async fn a_settings_version_no_run_or_function_uses_is_collected() {
     // Redeployed with other settings: the queued run keeps the first version.
     let mut other = settings();
     other.limits.timeout_ms = 4_321;
-    store
-        .deploy(DeployRequest {
-            tenant: "t".into(),
-            name: "f".into(),
-            digest: "d".into(),
-            component: b"c".to_vec(),
-            settings: other.clone(),
-            events: vec![],
-            schedule: None,
-        })
-        .await
-        .unwrap();
+    deploy_with(&store, other).await;
     let second = server
         .cli(&["HGET", &format!("{p}fn:f"), "sv"])
         .trim()
@@ -292,18 +286,7 @@ async fn the_run_an_enqueue_returns_is_the_run_stored() {
         key: Some(wasq_core::flow::KeyExpr::parse("input.customer").unwrap()),
     });
     flowing.flow.priority = 3;
-    store
-        .deploy(DeployRequest {
-            tenant: "t".into(),
-            name: "f".into(),
-            digest: "d".into(),
-            component: b"c".to_vec(),
-            settings: flowing,
-            events: vec![],
-            schedule: None,
-        })
-        .await
-        .unwrap();
+    deploy_with(&store, flowing).await;
     let parent = enqueue(&store, b"{}").await;
     let long = format!(r#"{{"customer":"c1","pad":"{}"}}"#, "p".repeat(200));
     let requests = [
