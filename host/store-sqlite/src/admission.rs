@@ -21,7 +21,7 @@ pub(crate) fn insert_run(
         .ok_or_else(|| StoreError::NotFound(format!("function {:?}", req.function)))?;
     if let Some(key) = &req.idempotency_key {
         let existing: Option<(String, i64)> = tx
-            .query_row(
+            .row(
                 "SELECT id, created_at FROM runs
                  WHERE tenant = ?1 AND function = ?2 AND idempotency_key = ?3",
                 params![req.tenant, req.function, key],
@@ -40,7 +40,7 @@ pub(crate) fn insert_run(
             }
             // Past its window the key is free again; the old run keeps its history.
             Some((id, _)) => {
-                tx.execute("UPDATE runs SET idempotency_key = NULL WHERE id = ?1", [id])
+                tx.exec("UPDATE runs SET idempotency_key = NULL WHERE id = ?1", [id])
                     .map_err(internal)?;
             }
             None => {}
@@ -161,7 +161,7 @@ impl NewRun<'_> {
             + error.as_ref().map_or(0, String::len);
         let cost = storage::COST.run(payload);
         storage::check_run_keeping(tx, &req.tenant, self.id, 0, cost)?;
-        tx.execute(
+        tx.exec(
             "INSERT INTO runs (id, tenant, function, digest, settings, status, input, trigger,
                  created_at, updated_at, due_at, idempotency_key, parent, error, finished_at,
                  priority, rank_offset, rank, promoted, cgate, climit, tgate, tlimit, tperiod,
@@ -213,7 +213,7 @@ pub(crate) fn check_queue_quota(
         return Ok(());
     };
     let queued: i64 = tx
-        .query_row(
+        .row(
             "SELECT queued FROM tenant_load WHERE tenant = ?1",
             [tenant],
             |r| r.get(0),
@@ -232,7 +232,7 @@ pub(crate) fn check_queue_quota(
 
 pub(crate) fn tenant_quotas(tx: &Connection, tenant: &str) -> Result<Option<Quotas>, StoreError> {
     let quotas: Option<String> = tx
-        .query_row(
+        .row(
             "SELECT quotas FROM tenants WHERE name = ?1",
             [tenant],
             |r| r.get(0),
@@ -253,7 +253,7 @@ pub(crate) fn window_full(
     now: i64,
 ) -> Result<Option<i64>, StoreError> {
     let limit_th: Option<i64> = tx
-        .query_row(
+        .row(
             "SELECT at FROM flow_log WHERE tenant = ?1 AND gate = ?2
              ORDER BY at DESC LIMIT 1 OFFSET ?3",
             params![tenant, gate.id, i64::from(gate.limit) - 1],
@@ -271,12 +271,12 @@ pub(crate) fn log_window(
     gate: &Gate,
     now: i64,
 ) -> Result<(), StoreError> {
-    tx.execute(
+    tx.exec(
         "DELETE FROM flow_log WHERE tenant = ?1 AND gate = ?2 AND at <= ?3",
         params![tenant, gate.id, gate.window_start(now)],
     )
     .map_err(internal)?;
-    tx.execute(
+    tx.exec(
         "INSERT INTO flow_log (tenant, gate, at) VALUES (?1, ?2, ?3)",
         params![tenant, gate.id, now],
     )

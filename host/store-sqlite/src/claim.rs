@@ -61,7 +61,7 @@ pub(crate) fn room(tx: &Connection, tenant: &str) -> Result<u64, StoreError> {
         return Ok(u64::MAX);
     };
     let running: i64 = tx
-        .query_row(
+        .row(
             "SELECT running FROM tenant_load WHERE tenant = ?1",
             [tenant],
             |r| r.get(0),
@@ -211,7 +211,7 @@ pub(crate) fn next_startable(
         let status: RunStatus = status.parse().map_err(StoreError::Internal)?;
         if let (Some(gate), Some(limit)) = (cgate, climit) {
             let running: u64 = tx
-                .query_row(
+                .row(
                     "SELECT COUNT(*) FROM runs WHERE tenant = ?1 AND cgate = ?2 AND status = 'running'",
                     params![tenant, gate],
                     |r| r.get(0),
@@ -238,7 +238,7 @@ pub(crate) fn next_startable(
             };
             if let Some(open_at) = window_full(tx, tenant, &gate, now)? {
                 park(tx, &id, &gate.id)?;
-                tx.execute(
+                tx.exec(
                     "INSERT INTO gate_timers (tenant, gate, at, tlimit, tperiod)
                      VALUES (?1, ?2, ?3, ?4, ?5)
                      ON CONFLICT (tenant, gate) DO UPDATE SET at = MIN(at, excluded.at)",
@@ -259,7 +259,7 @@ pub(crate) fn next_startable(
 }
 
 pub(crate) fn park(tx: &Connection, id: &str, gate: &str) -> Result<(), StoreError> {
-    tx.execute(
+    tx.exec(
         "UPDATE runs SET parked = ?2 WHERE id = ?1",
         params![id, gate],
     )
@@ -278,7 +278,7 @@ pub(crate) fn lease_run(
     let id = run.id.as_str();
     let (attempt, resumed) = lifecycle::claimed_attempt(run.status, run.attempt);
     let token: u64 = tx
-        .query_row(
+        .row(
             "UPDATE runs SET status = 'running', attempt = ?5, resumed = ?6,
                  lease_token = lease_token + 1, lease_expires_at = ?2, worker = ?3,
                  updated_at = ?4
@@ -289,7 +289,7 @@ pub(crate) fn lease_run(
         .map_err(internal)?;
     let run =
         load_run(tx, id)?.ok_or_else(|| StoreError::Internal("claimed run vanished".into()))?;
-    tx.execute(
+    tx.exec(
         "INSERT INTO attempts (run_id, seq, number, worker, started_at)
          VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM attempts WHERE run_id = ?1), ?2, ?3, ?4)",
         params![id, run.attempt, worker, now],
@@ -344,7 +344,7 @@ pub(crate) fn open_throttles(tx: &Connection, now: i64) -> Result<(), StoreError
         };
         let room = (limit as usize).saturating_sub(window.len());
         if room > 0 {
-            tx.execute(
+            tx.exec(
                 "UPDATE runs SET parked = NULL WHERE id IN (
                      SELECT id FROM runs WHERE tenant = ?1 AND parked = ?2
                      ORDER BY rank, id LIMIT ?3)",
@@ -353,7 +353,7 @@ pub(crate) fn open_throttles(tx: &Connection, now: i64) -> Result<(), StoreError
             .map_err(internal)?;
         }
         let still_parked: bool = tx
-            .query_row(
+            .row(
                 "SELECT EXISTS (SELECT 1 FROM runs WHERE tenant = ?1 AND parked = ?2)",
                 params![tenant, gate],
                 |r| r.get(0),
@@ -361,13 +361,13 @@ pub(crate) fn open_throttles(tx: &Connection, now: i64) -> Result<(), StoreError
             .map_err(internal)?;
         if still_parked {
             let opens = window.last().copied().unwrap_or(now) + period;
-            tx.execute(
+            tx.exec(
                 "UPDATE gate_timers SET at = ?3 WHERE tenant = ?1 AND gate = ?2",
                 params![tenant, gate, opens.max(now + 1)],
             )
             .map_err(internal)?;
         } else {
-            tx.execute(
+            tx.exec(
                 "DELETE FROM gate_timers WHERE tenant = ?1 AND gate = ?2",
                 params![tenant, gate],
             )

@@ -5,6 +5,7 @@ use rusqlite::{OptionalExtension, Row, params};
 use wasq_core::clock::Millis;
 use wasq_core::*;
 
+use crate::cached::Cached;
 use crate::{SqliteStore, from_json, internal, to_json};
 
 pub(crate) const SCHEMA: &str = r#"
@@ -50,7 +51,7 @@ pub(crate) fn add_usage(
     tenant: &str,
     fuel: Option<u64>,
 ) -> Result<(), StoreError> {
-    tx.execute(
+    tx.exec(
         "INSERT INTO tenant_usage (tenant, fuel, attempts) VALUES (?1, ?2, 1)
          ON CONFLICT (tenant) DO UPDATE SET fuel = fuel + ?2, attempts = attempts + 1",
         params![tenant, fuel.unwrap_or(0) as i64],
@@ -78,8 +79,8 @@ fn key_from_row(row: &Row<'_>) -> rusqlite::Result<ApiKey> {
     })
 }
 
-fn load_tenant(tx: &rusqlite::Transaction<'_>, name: &str) -> Result<Option<Tenant>, StoreError> {
-    tx.query_row(
+fn load_tenant(tx: &rusqlite::Connection, name: &str) -> Result<Option<Tenant>, StoreError> {
+    tx.row(
         "SELECT name, created_at, quotas FROM tenants WHERE name = ?1",
         [name],
         tenant_from_row,
@@ -96,7 +97,7 @@ impl Directory for SqliteStore {
         self.tx(move |tx, _| {
             let quotas = to_json(&tenant.quotas)?;
             let n = tx
-                .execute(
+                .exec(
                     "INSERT INTO tenants (name, created_at, quotas) VALUES (?1, ?2, ?3)
                      ON CONFLICT (name) DO NOTHING",
                     params![tenant.name, tenant.created_at, quotas],
@@ -116,7 +117,7 @@ impl Directory for SqliteStore {
     async fn set_quotas(&self, tenant: &str, quotas: Quotas) -> Result<Tenant, StoreError> {
         let tenant = tenant.to_owned();
         self.tx(move |tx, _| {
-            tx.execute(
+            tx.exec(
                 "UPDATE tenants SET quotas = ?2 WHERE name = ?1",
                 params![tenant, to_json(&quotas)?],
             )
@@ -149,7 +150,7 @@ impl Directory for SqliteStore {
                 return Err(StoreError::NotFound(format!("tenant {:?}", key.tenant)));
             }
             let n = tx
-                .execute(
+                .exec(
                     "INSERT INTO api_keys (id, tenant, hmac, label, created_at, revoked_at)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (id) DO NOTHING",
                     params![
@@ -176,7 +177,7 @@ impl Directory for SqliteStore {
     async fn key(&self, id: &str) -> Result<Option<ApiKey>, StoreError> {
         let id = id.to_owned();
         self.tx(move |tx, _| {
-            tx.query_row(
+            tx.row(
                 &format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = ?1"),
                 [id],
                 key_from_row,
@@ -204,13 +205,13 @@ impl Directory for SqliteStore {
     async fn revoke_key(&self, tenant: &str, id: &str, at: Millis) -> Result<ApiKey, StoreError> {
         let (tenant, id) = (tenant.to_owned(), id.to_owned());
         self.tx(move |tx, _| {
-            tx.execute(
+            tx.exec(
                 "UPDATE api_keys SET revoked_at = ?3
                  WHERE id = ?1 AND tenant = ?2 AND revoked_at IS NULL",
                 params![id, tenant, at],
             )
             .map_err(internal)?;
-            tx.query_row(
+            tx.row(
                 &format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = ?1 AND tenant = ?2"),
                 params![id, tenant],
                 key_from_row,
@@ -226,7 +227,7 @@ impl Directory for SqliteStore {
         let tenant = tenant.to_owned();
         self.tx(move |tx, _| {
             let usage = tx
-                .query_row(
+                .row(
                     "SELECT fuel, attempts, stored FROM tenant_usage WHERE tenant = ?1",
                     [tenant],
                     |r| {
@@ -246,7 +247,7 @@ impl Directory for SqliteStore {
 
     async fn audit(&self, e: AuditEntry) -> Result<(), StoreError> {
         self.tx(move |tx, _| {
-            tx.execute(
+            tx.exec(
                 "INSERT INTO audit (at, tenant, actor, action, target) VALUES (?1, ?2, ?3, ?4, ?5)",
                 params![e.at, e.tenant, e.actor, e.action, e.target],
             )

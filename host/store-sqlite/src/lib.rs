@@ -20,7 +20,8 @@
 //! (writing an attempt's results and core's transitions), `waits` (events and resumes),
 //! `storage` (quotas, purge), `directory` (tenants and keys).
 //!
-//! The connection sits behind a mutex and every call runs on tokio's blocking pool: SQLite
+//! One connection, on one writer thread that commits the calls queued meanwhile together
+//! (`writer`: each call in its own savepoint, answered after the commit): SQLite
 //! serialises writers anyway, and one connection keeps the transactions simple. This is
 //! not a multi-host backend: several processes on one file work, but use Redis for that.
 
@@ -28,13 +29,14 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use rusqlite::{Connection, OptionalExtension, Row, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, Row, params};
 use wasq_core::flow::{FlowPlan, Gate};
 use wasq_core::lifecycle::{self, Admission, Change, Execution, Transition};
 use wasq_core::storage as storage_limits;
 use wasq_core::*;
 
 mod admission;
+mod cached;
 mod claim;
 mod directory;
 mod rows;
@@ -42,8 +44,10 @@ mod schema;
 mod storage;
 mod transition;
 mod waits;
+mod writer;
 
 use admission::*;
+use cached::{Cached, STATEMENT_CACHE};
 use claim::*;
 use rows::*;
 use schema::*;
@@ -52,8 +56,10 @@ use waits::*;
 
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
+    /// The connection the writer thread uses; this crate's tests also read it directly.
+    #[cfg_attr(not(test), expect(dead_code))]
     conn: Arc<Mutex<Connection>>,
-    clock: Arc<dyn Clock>,
+    writer: Arc<writer::Writer>,
     /// The tenant the last claim served last: the next claim starts after it.
     cursor: Arc<Mutex<String>>,
 }
@@ -94,12 +100,14 @@ impl SqliteStore {
             .map_err(internal)?;
         conn.busy_timeout(std::time::Duration::from_secs(10))
             .map_err(internal)?;
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         conn.execute_batch(SCHEMA).map_err(internal)?;
         conn.execute_batch(directory::SCHEMA).map_err(internal)?;
         migrate(&conn)?;
+        let conn = Arc::new(Mutex::new(conn));
         Ok(SqliteStore {
-            conn: Arc::new(Mutex::new(conn)),
-            clock,
+            writer: Arc::new(writer::Writer::spawn(conn.clone(), clock)),
+            conn,
             cursor: Arc::new(Mutex::new(String::new())),
         })
     }
@@ -109,7 +117,7 @@ impl SqliteStore {
     /// by a predecessor that died, and waiting for its expiry would only delay recovery.
     pub async fn expire_all_leases(&self) -> Result<usize, StoreError> {
         self.tx(|tx, now| {
-            tx.execute(
+            tx.exec(
                 "UPDATE runs SET lease_expires_at = ?1 WHERE status = 'running' AND lease_expires_at > ?1",
                 [now],
             )
@@ -118,29 +126,14 @@ impl SqliteStore {
         .await
     }
 
-    /// Runs `f` in one immediate transaction on the blocking pool, with the current time.
+    /// Runs `f` in a transaction (its own savepoint in the next group commit: see
+    /// `writer`), with the current time.
     async fn tx<T, F>(&self, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: FnOnce(&rusqlite::Transaction<'_>, i64) -> Result<T, StoreError> + Send + 'static,
+        F: FnOnce(&Connection, i64) -> Result<T, StoreError> + Send + 'static,
     {
-        let conn = self.conn.clone();
-        let clock = self.clock.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(internal)?;
-            // Read the time holding the write lock, so the transitions' times are in the
-            // order they commit (a claim cannot record a start before the finish that freed
-            // its slot).
-            let now = clock.now_ms();
-            let out = f(&tx, now)?;
-            tx.commit().map_err(internal)?;
-            Ok(out)
-        })
-        .await
-        .map_err(|e| StoreError::Internal(format!("store task failed: {e}")))?
+        self.writer.call(f).await
     }
 }
 
@@ -157,13 +150,13 @@ impl Registry for SqliteStore {
                 storage::check_tenant(tx, &req.tenant, new - old)?;
             }
             storage::charge(tx, &req.tenant, None, new as i64 - old as i64)?;
-            tx.execute(
+            tx.exec(
                 "INSERT INTO components (digest, bytes, created_at) VALUES (?1, ?2, ?3)
                  ON CONFLICT (digest) DO NOTHING",
                 params![req.digest, req.component, now],
             )
             .map_err(internal)?;
-            tx.execute(
+            tx.exec(
                 "INSERT INTO functions (tenant, name, digest, size_bytes, settings, created_at, updated_at, events, schedule)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8)
                  ON CONFLICT (tenant, name) DO UPDATE SET digest = excluded.digest,
@@ -213,7 +206,7 @@ impl Registry for SqliteStore {
     async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let digest = digest.to_owned();
         self.tx(move |tx, _| {
-            tx.query_row(
+            tx.row(
                 "SELECT bytes FROM components WHERE digest = ?1",
                 [digest],
                 |r| r.get(0),
@@ -246,7 +239,7 @@ impl Queue for SqliteStore {
                 resolve_timeouts(tx, now)?;
                 open_throttles(tx, now)?;
                 // Due runs enter their tenant's lane, ranked.
-                tx.execute(
+                tx.exec(
                     "UPDATE runs SET promoted = 1, rank = due_at + rank_offset
                      WHERE status IN ('queued', 'sleeping') AND promoted = 0 AND due_at <= ?1",
                     [now],
@@ -267,7 +260,7 @@ impl Queue for SqliteStore {
             let mut renewal = Renewal::default();
             for lease in leases {
                 let n = tx
-                    .execute(
+                    .exec(
                         "UPDATE runs SET lease_expires_at = ?3
                          WHERE id = ?1 AND lease_token = ?2 AND status = 'running'
                              AND cancel_requested = 0",
@@ -278,7 +271,7 @@ impl Queue for SqliteStore {
                     continue;
                 }
                 let cancelling = tx
-                    .query_row(
+                    .row(
                         "SELECT 1 FROM runs WHERE id = ?1 AND lease_token = ?2
                              AND status = 'running' AND cancel_requested = 1",
                         params![lease.run_id, lease.token],
@@ -319,7 +312,7 @@ impl Queue for SqliteStore {
                 }
                 Record::Logs(lines) => append_logs(tx, &run.tenant, &run.id, lines)?,
                 Record::Progress(p) => {
-                    tx.execute(
+                    tx.exec(
                         "UPDATE runs SET progress = ?2, updated_at = ?3 WHERE id = ?1",
                         params![run.id, to_json(&p)?, now],
                     )
@@ -384,7 +377,7 @@ impl Runs for SqliteStore {
                 Some(t) => apply(tx, &run, &t, now)?,
                 // Running: marked, it ends cancelled when its attempt ends.
                 None => {
-                    tx.execute(
+                    tx.exec(
                         "UPDATE runs SET cancel_requested = 1, error = ?3, updated_at = ?2 WHERE id = ?1",
                         params![id, now, to_json(&req.cancel_error())?],
                     )
@@ -405,7 +398,7 @@ impl Runs for SqliteStore {
             check_queue_quota(tx, &req.tenant, Admission::Run, 1)?;
             let mut settings = run.settings.clone();
             settings.retry.max_attempts += retry.extra_attempts;
-            tx.execute(
+            tx.exec(
                 "UPDATE runs SET settings = ?2 WHERE id = ?1",
                 params![id, to_json(&settings)?],
             )
@@ -474,7 +467,7 @@ impl Runs for SqliteStore {
             if load_run(tx, &id)?.is_none_or(|r| r.tenant != tenant) {
                 return Ok(None);
             }
-            tx.query_row(
+            tx.row(
                 "SELECT name, occurrence, output, attempt, completed_at FROM steps
                  WHERE run_id = ?1 AND name = ?2 AND occurrence = ?3",
                 params![id, name, occurrence],

@@ -94,7 +94,7 @@ pub(crate) fn load_function(
     tenant: &str,
     name: &str,
 ) -> Result<Option<Function>, StoreError> {
-    tx.query_row(
+    tx.row(
         &format!("SELECT {FUNCTION_COLUMNS} FROM functions WHERE tenant = ?1 AND name = ?2"),
         params![tenant, name],
         function_from_row,
@@ -104,7 +104,7 @@ pub(crate) fn load_function(
 }
 
 pub(crate) fn load_run(tx: &Connection, id: &str) -> Result<Option<Run>, StoreError> {
-    tx.query_row(
+    tx.row(
         &format!("SELECT {RUN_COLUMNS} FROM runs WHERE id = ?1"),
         [id],
         run_from_row,
@@ -201,7 +201,7 @@ pub(crate) fn run_detail(
         return Ok(None);
     };
     let count = |table: &str| -> Result<u64, StoreError> {
-        tx.query_row(
+        tx.row(
             &format!("SELECT COUNT(*) FROM {table} WHERE run_id = ?1"),
             [&id],
             |r| r.get::<_, i64>(0),

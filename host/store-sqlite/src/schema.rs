@@ -241,7 +241,7 @@ pub(crate) fn migrate(conn: &Connection) -> Result<(), StoreError> {
         }
     }
     let usage_counted: bool = conn
-        .query_row(
+        .row(
             "SELECT EXISTS (SELECT 1 FROM pragma_table_info('tenant_usage') WHERE name = 'stored')",
             [],
             |r| r.get(0),
@@ -254,7 +254,7 @@ pub(crate) fn migrate(conn: &Connection) -> Result<(), StoreError> {
     conn.execute_batch("CREATE INDEX IF NOT EXISTS runs_by_digest ON runs (digest);")
         .map_err(internal)?;
     let blobs_counted: bool = conn
-        .query_row(
+        .row(
             "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'trigger' AND name = 'runs_blob_bytes')",
             [],
             |r| r.get(0),
@@ -265,7 +265,7 @@ pub(crate) fn migrate(conn: &Connection) -> Result<(), StoreError> {
         storage::recount(conn)?;
     }
     let counted: bool = conn
-        .query_row(
+        .row(
             "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'trigger' AND name = 'runs_load_insert')",
             [],
             |r| r.get(0),

@@ -7,6 +7,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use wasq_core::storage::{self, FittedLogs, RunLog};
 use wasq_core::*;
 
+use crate::cached::Cached;
 use crate::{internal, tenant_quotas};
 
 /// What each kind of row costs besides its payload: the row's other columns, SQLite's
@@ -34,7 +35,7 @@ pub(crate) const COST: CostModel = CostModel {
 /// Bytes the tenant keeps now.
 pub(crate) fn tenant_stored(tx: &Connection, tenant: &str) -> Result<u64, StoreError> {
     let n: Option<i64> = tx
-        .query_row(
+        .row(
             "SELECT stored FROM tenant_usage WHERE tenant = ?1",
             [tenant],
             |r| r.get(0),
@@ -74,14 +75,14 @@ fn charge_to(
     if bytes == 0 {
         return Ok(());
     }
-    tx.execute(
+    tx.exec(
         "INSERT INTO tenant_usage (tenant, stored) VALUES (?1, MAX(?2, 0))
          ON CONFLICT (tenant) DO UPDATE SET stored = MAX(stored + ?2, 0)",
         params![tenant, bytes],
     )
     .map_err(internal)?;
     if let Some(run) = run {
-        tx.execute(
+        tx.exec(
             &format!("UPDATE runs SET {column} = MAX({column} + ?2, 0) WHERE id = ?1"),
             params![run, bytes],
         )
@@ -105,7 +106,7 @@ pub(crate) fn check_run(
     adding: u64,
 ) -> Result<(), StoreError> {
     let used: i64 = tx
-        .query_row("SELECT stored_bytes FROM runs WHERE id = ?1", [id], |r| {
+        .row("SELECT stored_bytes FROM runs WHERE id = ?1", [id], |r| {
             r.get(0)
         })
         .map_err(internal)?;
@@ -138,7 +139,7 @@ pub(crate) fn fit_logs(
         return Ok(FittedLogs::default());
     }
     let (bytes, cut): (i64, bool) = tx
-        .query_row(
+        .row(
             "SELECT log_bytes, logs_cut FROM runs WHERE id = ?1",
             [run],
             |r| Ok((r.get(0)?, r.get(1)?)),
@@ -157,7 +158,7 @@ pub(crate) fn fit_logs(
         &COST,
     );
     if fitted.cut_now {
-        tx.execute("UPDATE runs SET logs_cut = 1 WHERE id = ?1", [run])
+        tx.exec("UPDATE runs SET logs_cut = 1 WHERE id = ?1", [run])
             .map_err(internal)?;
     }
     Ok(fitted)
@@ -229,7 +230,7 @@ pub(crate) fn forget_old_events(
         rows.collect::<Result<_, _>>().map_err(internal)?
     };
     for (tenant, id, payload) in &old {
-        tx.execute(
+        tx.exec(
             "DELETE FROM events WHERE tenant = ?1 AND id = ?2",
             params![tenant, id],
         )
@@ -242,7 +243,7 @@ pub(crate) fn forget_old_events(
 /// Deletes one event record, giving back what it cost.
 pub(crate) fn forget_event(tx: &Connection, tenant: &str, id: &str) -> Result<(), StoreError> {
     let payload: Option<i64> = tx
-        .query_row(
+        .row(
             &format!("DELETE FROM events WHERE tenant = ?1 AND id = ?2 RETURNING {EVENT_PAYLOAD}"),
             params![tenant, id],
             |r| r.get(0),
@@ -258,7 +259,7 @@ pub(crate) fn forget_event(tx: &Connection, tenant: &str, id: &str) -> Result<()
 /// Deletes components no function and no run refers to any more (runs pin the digest
 /// they were created with, so a component stays while any of its runs does).
 pub(crate) fn collect_components(tx: &Connection) -> Result<usize, StoreError> {
-    tx.execute(
+    tx.exec(
         "DELETE FROM components WHERE
              NOT EXISTS (SELECT 1 FROM functions f WHERE f.digest = components.digest)
              AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.digest = components.digest)",
@@ -289,17 +290,17 @@ pub(crate) fn purge(tx: &Connection, now: i64, req: PurgeRequest) -> Result<usiz
     };
     for id in &ids {
         let (tenant, bytes): (String, i64) = tx
-            .query_row(
+            .row(
                 "SELECT tenant, stored_bytes + log_bytes FROM runs WHERE id = ?1",
                 [id],
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .map_err(internal)?;
         for table in ["steps", "logs", "attempts"] {
-            tx.execute(&format!("DELETE FROM {table} WHERE run_id = ?1"), [id])
+            tx.exec(&format!("DELETE FROM {table} WHERE run_id = ?1"), [id])
                 .map_err(internal)?;
         }
-        tx.execute("DELETE FROM runs WHERE id = ?1", [id])
+        tx.exec("DELETE FROM runs WHERE id = ?1", [id])
             .map_err(internal)?;
         charge(tx, &tenant, None, -bytes)?;
     }

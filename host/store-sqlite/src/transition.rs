@@ -14,7 +14,7 @@ pub(crate) struct Leased {
 /// Checks the fence in one read: the run is running under exactly this lease.
 pub(crate) fn check_lease(tx: &Connection, lease: &Lease) -> Result<Leased, StoreError> {
     let (leased, token) = tx
-        .query_row(
+        .row(
             &format!("SELECT {RUN_COLUMNS}, lease_token, resumed, cancel_requested FROM runs WHERE id = ?1"),
             [&lease.run_id],
             |r| {
@@ -51,7 +51,7 @@ pub(crate) fn apply(
             suspended_until,
         }) => close_execution(tx, run, now, error.as_ref(), *fuel_used, *suspended_until)?,
         Some(Execution::Drop) => {
-            tx.execute(
+            tx.exec(
                 "DELETE FROM attempts
                  WHERE run_id = ?1 AND seq = (SELECT MAX(seq) FROM attempts WHERE run_id = ?1)",
                 [&run.id],
@@ -74,7 +74,7 @@ pub(crate) fn apply(
         Change::Set(e) => (true, Some(to_json(e)?)),
         Change::Clear => (true, None),
     };
-    tx.execute(
+    tx.exec(
         "UPDATE runs SET status = ?2, error = CASE WHEN ?3 THEN ?4 ELSE error END,
              output = COALESCE(?5, output), due_at = COALESCE(?6, due_at), finished_at = ?7,
              attempt = attempt - ?8,
@@ -100,7 +100,7 @@ pub(crate) fn apply(
             WaitOn::Event { name, .. } => (Some(name.as_str()), None),
             WaitOn::Run { id } => (None, Some(id.as_str())),
         };
-        tx.execute(
+        tx.exec(
             "UPDATE runs SET wait = ?2, wait_event = ?3, wait_run = ?4 WHERE id = ?1",
             params![run.id, to_json(wait)?, event, target],
         )
@@ -123,7 +123,7 @@ pub(crate) fn close_execution(
     suspended_until: Option<i64>,
 ) -> Result<(), StoreError> {
     let error = error.map(to_json).transpose()?;
-    tx.execute(
+    tx.exec(
         "UPDATE attempts SET finished_at = ?2, error = ?3, fuel_used = ?4, suspended_until = ?5
          WHERE run_id = ?1 AND seq = (SELECT MAX(seq) FROM attempts WHERE run_id = ?1)",
         params![run.id, now, error, fuel_used, suspended_until],
@@ -150,7 +150,7 @@ pub(crate) fn append_logs(
     }
     storage::charge_logs(tx, tenant, run_id, fitted.bytes as i64)?;
     let first: i64 = tx
-        .query_row(
+        .row(
             "SELECT COALESCE(MAX(seq), -1) + 1 FROM logs WHERE run_id = ?1",
             [run_id],
             |r| r.get(0),
@@ -188,7 +188,7 @@ pub(crate) fn write_step(
     now: i64,
 ) -> Result<(), StoreError> {
     let stored = tx
-        .execute(
+        .exec(
             "INSERT INTO steps (run_id, name, occurrence, output, attempt, completed_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
             params![run.id, name, occurrence, output, run.attempt, now],

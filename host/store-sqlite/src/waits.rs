@@ -21,7 +21,7 @@ pub(crate) fn resolve_wait(
         &resolution.to_bytes(),
         now,
     )?;
-    tx.execute(
+    tx.exec(
         "UPDATE runs SET status = 'sleeping', due_at = ?2, updated_at = ?2,
              wait = NULL, wait_event = NULL, wait_run = NULL
          WHERE id = ?1",
@@ -118,7 +118,7 @@ pub(crate) fn send_event(
         .clone()
         .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
     let seen: Option<i64> = tx
-        .query_row(
+        .row(
             "SELECT created_at FROM events WHERE tenant = ?1 AND id = ?2",
             params![req.tenant, id],
             |r| r.get(0),
@@ -139,7 +139,7 @@ pub(crate) fn send_event(
         // Past its window the id is free again: the old record is replaced.
         storage::forget_event(tx, &req.tenant, &id)?;
     }
-    tx.execute(
+    tx.exec(
         "INSERT INTO events (tenant, id, name, data, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
         params![req.tenant, id, req.name, data, now],
     )
