@@ -1,10 +1,10 @@
 //! wasq-store-sqlite: the embedded [`Store`] behind `wasq dev` and single-node servers.
 //!
 //! One SQLite file in WAL mode holds components, functions, runs, attempts, steps and
-//! logs. Every Store transition is one `BEGIN IMMEDIATE` transaction, so a `kill -9` at any
-//! point leaves either the state before or the state after it; leases are rows with an
-//! expiry and a per-run fencing token, so runs held by a dead process are handed out again
-//! once their lease expires.
+//! logs. Every Store transition is atomic (its own savepoint in a group commit, answered
+//! only once committed), so a `kill -9` at any point leaves either the state before or
+//! the state after it; leases are rows with an expiry and a per-run fencing token, so runs
+//! held by a dead process are handed out again once their lease expires.
 //!
 //! Claims are fair and cheap with any backlog: due runs enter their tenant's *lane*
 //! (indexed by tenant and rank = due time + priority offset); a claim lets the tenants with
