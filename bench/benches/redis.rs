@@ -17,13 +17,15 @@
 //!
 //! `cargo bench -p wasq-bench --bench redis` (N defaults to 20000; `WASQ_BENCH_N` sets it).
 
-use std::path::Path;
+mod queue;
+
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use queue::{RedisStats, active, npm_peer};
 use tokio_util::sync::CancellationToken;
-use wasq_core::{DEFAULT_TENANT, EnqueueRequest, Queue, RunQuery, RunStatus, Runs, SystemClock};
+use wasq_core::{DEFAULT_TENANT, EnqueueRequest, Queue, SystemClock};
 use wasq_server::StoreBackend;
 use wasq_store_redis::RedisStore;
 use wasq_store_redis::testing::{RedisOptions, RedisServer};
@@ -31,126 +33,6 @@ use wasq_store_redis::testing::{RedisOptions, RedisServer};
 const CONCURRENCY: usize = 50;
 /// HTTP create requests in flight at once.
 const HTTP_IN_FLIGHT: usize = 64;
-
-/// The CPU time this process (the bench: its store, API server and worker) has used, in
-/// seconds: user + system from /proc/self/stat, in clock ticks of 10 ms.
-fn process_cpu() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // The fields after the command name, which is in parentheses and may hold spaces.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // utime and stime are fields 14 and 15 of the line: 11 and 12 counting from the state
-    // (field 3) as 0.
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-/// What Redis had spent when read: CPU seconds, memory in use and, per command, calls
-/// and µs.
-struct RedisStats {
-    cpu: f64,
-    /// This process's CPU seconds at the same moment.
-    own_cpu: f64,
-    memory: f64,
-    commands: std::collections::BTreeMap<String, (u64, u64)>,
-}
-
-impl RedisStats {
-    fn read(port: u16) -> RedisStats {
-        let out = Command::new("redis-cli")
-            .args(["-p", &port.to_string(), "info", "all"])
-            .output()
-            .expect("redis-cli runs");
-        let text = String::from_utf8_lossy(&out.stdout);
-        let mut cpu = 0.0;
-        let mut memory = 0.0;
-        let mut commands = std::collections::BTreeMap::new();
-        for line in text.lines() {
-            let Some((key, value)) = line.trim().split_once(':') else {
-                continue;
-            };
-            if key == "used_cpu_sys" || key == "used_cpu_user" {
-                cpu += value.parse::<f64>().unwrap_or(0.0);
-            } else if key == "used_memory" {
-                memory = value.parse().unwrap_or(0.0);
-            } else if let Some(name) = key.strip_prefix("cmdstat_") {
-                let field = |f: &str| {
-                    value
-                        .split(',')
-                        .find_map(|kv| kv.strip_prefix(f))
-                        .and_then(|v| v.parse::<u64>().ok())
-                        .unwrap_or(0)
-                };
-                commands.insert(name.to_string(), (field("calls="), field("usec=")));
-            }
-        }
-        RedisStats {
-            cpu,
-            own_cpu: process_cpu(),
-            memory,
-            commands,
-        }
-    }
-
-    /// Prints what `self` .. `later` cost per run: Redis CPU and memory, this process's CPU
-    /// (when `own`: the work was done here, not by a child process), and calls and µs of
-    /// each command.
-    fn report(&self, later: &RedisStats, what: &str, runs: usize, own: bool) {
-        let n = runs as f64;
-        let mut line = format!(
-            "  {what}: redis {:.1} µs CPU/run, {:+.0} B/run;",
-            (later.cpu - self.cpu) * 1e6 / n,
-            (later.memory - self.memory) / n,
-        );
-        if own {
-            let own = (later.own_cpu - self.own_cpu) * 1e6 / n;
-            line.push_str(&format!(" bench process {own:.0} µs CPU/run;"));
-        }
-        let mut rows: Vec<(String, f64, f64)> = later
-            .commands
-            .iter()
-            .filter_map(|(name, &(calls, usec))| {
-                let (c0, u0) = self.commands.get(name).copied().unwrap_or((0, 0));
-                (calls > c0).then(|| {
-                    (
-                        name.clone(),
-                        (calls - c0) as f64 / n,
-                        (usec - u0) as f64 / n,
-                    )
-                })
-            })
-            .collect();
-        rows.sort_by(|a, b| b.2.total_cmp(&a.2));
-        for (name, calls, usec) in rows.iter().take(8) {
-            line.push_str(&format!(" {name} {calls:.2}×/{usec:.1}µs"));
-        }
-        println!("{line}");
-    }
-}
-
-async fn active(store: &RedisStore) -> bool {
-    for status in [RunStatus::Queued, RunStatus::Running] {
-        let q = RunQuery {
-            tenant: DEFAULT_TENANT.into(),
-            function: None,
-            status: Some(status),
-            parent: None,
-            limit: 1,
-        };
-        if !store.runs(q).await.unwrap().is_empty() {
-            return true;
-        }
-    }
-    false
-}
 
 /// One wasq round on a fresh API server and worker: `guest` deployed as `function`, N runs
 /// enqueued (and, with `http`, N/2 created over HTTP), then drained. Returns the enqueue
@@ -232,7 +114,7 @@ async fn wasq(url: &str, port: u16, n: usize, guest: &str, http: bool) -> (f64, 
     config.sandbox.max_instances = CONCURRENCY as u32 * 2;
     let start = Instant::now();
     let worker = wasq_server::start(config, shutdown.clone()).await.unwrap();
-    while active(&store).await {
+    while active(&*store).await {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let drain = start.elapsed();
@@ -266,15 +148,7 @@ async fn wasq(url: &str, port: u16, n: usize, guest: &str, http: bool) -> (f64, 
 }
 
 fn bullmq(port: u16, n: usize) -> (f64, f64) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("bullmq");
-    if !dir.join("node_modules/bullmq").exists() {
-        let ok = Command::new("npm")
-            .args(["ci", "--no-audit", "--no-fund"])
-            .current_dir(&dir)
-            .status()
-            .expect("npm (Node.js) is needed for the BullMQ side");
-        assert!(ok.success(), "npm ci failed in {}", dir.display());
-    }
+    let dir = npm_peer("bullmq");
     let before = RedisStats::read(port);
     let out = Command::new("node")
         .arg("drain.mjs")

@@ -1,0 +1,384 @@
+//! Create→start latency and delayed-run lateness on one Redis, wasq beside BullMQ in the
+//! same run.
+//!
+//! The producer is open-loop: run i is meant to be sent at t0 + i/rate, and that intended
+//! time travels in the run's input (`{"t": <epoch µs>}`). The latency is the guest's first
+//! reading of the wall clock, inside its sandbox, minus that intended time, so a producer
+//! held back by a slow system counts against the system (no coordinated omission). wasq's
+//! guest is `stamp` (tests/guests), which returns how late it started; BullMQ's processor
+//! does the same in `bench/bullmq/latency.mjs`. The producer is a thread of its own that
+//! sleeps until each intended time (the OS's high-resolution timers, not tokio's 1 ms
+//! wheel) and hands the create to the runtime without waiting for it.
+//!
+//! Phases, for each system: `max` (creates as fast as 50 in flight allow while the worker
+//! runs them: the system's sustained rate), then `now` at 1,000 runs/s and at 10 / 50 / 80%
+//! of that maximum, then `delayed` (due times spread uniformly over 0.1–5 s, at 200/s).
+//! wasq creates through the store API (the same Redis round trip BullMQ's `add` makes),
+//! one worker at concurrency 50, a fresh sandbox per run.
+//!
+//! `cargo bench -p wasq-bench --bench latency` (`WASQ_BENCH_SECS` sets each phase's length,
+//! 5 s by default; `WASQ_BENCH_N` the `max` phase's runs, 20000).
+
+mod queue;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use wasq_core::{DEFAULT_TENANT, EnqueueRequest, Queue, Runs, SystemClock};
+use wasq_server::StoreBackend;
+use wasq_store_redis::RedisStore;
+use wasq_store_redis::testing::{RedisOptions, RedisServer};
+
+use queue::{RedisStats, active, now_us, npm_peer, peer_json, percentiles};
+
+const CONCURRENCY: usize = 50;
+/// Creates in flight at once in the `max` phase.
+const MAX_IN_FLIGHT: usize = 50;
+
+/// How fast a phase creates runs.
+#[derive(Clone, Copy)]
+enum Rate {
+    /// As fast as `MAX_IN_FLIGHT` creates at a time allow.
+    Unlimited,
+    PerSec(f64),
+    /// This share of the system's rate in the `max` phase.
+    OfMax(f64),
+}
+
+const PHASES: [(Mode, Rate); 6] = [
+    (Mode::Max, Rate::Unlimited),
+    (Mode::Now, Rate::PerSec(1000.0)),
+    (Mode::Now, Rate::OfMax(0.1)),
+    (Mode::Now, Rate::OfMax(0.5)),
+    (Mode::Now, Rate::OfMax(0.8)),
+    (Mode::Delayed, Rate::PerSec(200.0)),
+];
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Max,
+    Now,
+    Delayed,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Max => "max",
+            Mode::Now => "now",
+            Mode::Delayed => "delayed",
+        }
+    }
+}
+
+/// What one phase measured: the rate runs were created at, and the percentiles of how
+/// late they started (µs: p50, p99, p99.9, max).
+struct Measured {
+    mode: Mode,
+    rate: f64,
+    n: usize,
+    late: [i64; 4],
+    /// Redis CPU per run over the phase (wasq only: BullMQ's phases share its process).
+    redis_us: Option<f64>,
+}
+
+impl Measured {
+    fn json(&self, system: &str) -> serde_json::Value {
+        serde_json::json!({
+            "system": system,
+            "mode": self.mode.name(),
+            "rate": self.rate.round(),
+            "n": self.n,
+            "p50_us": self.late[0],
+            "p99_us": self.late[1],
+            "p999_us": self.late[2],
+            "max_us": self.late[3],
+            "redis_cpu_us_per_run": self.redis_us,
+        })
+    }
+}
+
+/// A run's input: when it was meant to start, padded to ~100 bytes as every benchmark's
+/// payload.
+fn input(t: i64) -> Vec<u8> {
+    format!(r#"{{"t":{t},"pad":"{}"}}"#, "x".repeat(70)).into_bytes()
+}
+
+fn request(t: i64, due_at: Option<i64>) -> EnqueueRequest {
+    EnqueueRequest {
+        tenant: DEFAULT_TENANT.into(),
+        function: "stamp".into(),
+        input: input(t),
+        trigger: "bench".into(),
+        due_at,
+        idempotency_key: None,
+        retry: None,
+        parent: None,
+        priority: None,
+    }
+}
+
+/// A delay in 100..5000 ms from `i` (a fixed spread, the same every run).
+fn delay_ms(i: usize) -> i64 {
+    // A multiplicative hash spreads consecutive runs over the interval.
+    100 + ((i as u64).wrapping_mul(2_654_435_761) % 4_900) as i64
+}
+
+/// Creates `n` runs at `rate` per second from a thread of its own (open loop) and returns
+/// their ids and the rate actually achieved.
+async fn open_loop(store: Arc<RedisStore>, mode: Mode, rate: f64, n: usize) -> (Vec<String>, f64) {
+    let handle = tokio::runtime::Handle::current();
+    let producer = std::thread::spawn(move || {
+        let start = Instant::now() + Duration::from_millis(20);
+        let epoch = now_us() + 20_000;
+        let mut tasks = Vec::with_capacity(n);
+        for i in 0..n {
+            let offset = Duration::from_secs_f64(i as f64 / rate);
+            if let Some(wait) = (start + offset).checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
+            }
+            let intended = epoch + offset.as_micros() as i64;
+            let req = if mode == Mode::Delayed {
+                // Due on a whole millisecond (the store's resolution): lateness is measured
+                // from the due time itself.
+                let due_ms = intended / 1000 + delay_ms(i);
+                request(due_ms * 1000, Some(due_ms))
+            } else {
+                request(intended, None)
+            };
+            let store = store.clone();
+            tasks.push(handle.spawn(async move { store.enqueue(req).await }));
+        }
+        (tasks, n as f64 / start.elapsed().as_secs_f64())
+    });
+    let (tasks, achieved) = tokio::task::spawn_blocking(move || producer.join().unwrap())
+        .await
+        .unwrap();
+    let mut ids = Vec::with_capacity(n);
+    for t in tasks {
+        ids.push(t.await.unwrap().unwrap().run.id.to_string());
+    }
+    (ids, achieved)
+}
+
+/// Creates `n` runs as fast as `MAX_IN_FLIGHT` creates at a time allow.
+async fn closed_loop(store: Arc<RedisStore>, n: usize) -> Vec<String> {
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..MAX_IN_FLIGHT {
+        let (store, next) = (store.clone(), next.clone());
+        tasks.spawn(async move {
+            let mut ids = Vec::new();
+            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < n {
+                let run = store.enqueue(request(now_us(), None)).await.unwrap().run;
+                ids.push(run.id.to_string());
+            }
+            ids
+        });
+    }
+    tasks.join_all().await.concat()
+}
+
+/// How late each of `ids` started, from its output.
+async fn lateness(store: &Arc<RedisStore>, ids: &[String]) -> Vec<i64> {
+    let mut late = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(200) {
+        let mut reads = tokio::task::JoinSet::new();
+        for id in chunk {
+            let (store, id) = (store.clone(), id.clone());
+            reads.spawn(async move { store.run(DEFAULT_TENANT, &id).await.unwrap() });
+        }
+        for detail in reads.join_all().await {
+            let run = detail.expect("a created run exists").run;
+            let output: serde_json::Value =
+                serde_json::from_slice(run.output.as_deref().expect("the run succeeded")).unwrap();
+            late.push(output["late_us"].as_i64().unwrap());
+        }
+    }
+    late
+}
+
+/// Every phase for wasq, on a fresh API server (which deploys `stamp`) and one worker.
+async fn wasq(redis: &RedisServer, secs: f64, max_n: usize) -> Vec<Measured> {
+    let dir = tempfile::tempdir().unwrap();
+    let shutdown = CancellationToken::new();
+    let mut config = wasq_tests::test_config(dir.path().join("server"));
+    config.sandbox.compiler = wasq_server::Compiler::InProcess;
+    config.store = StoreBackend::Redis(redis.url());
+    config.concurrency = 0;
+    let server = wasq_server::start(config, shutdown.clone()).await.unwrap();
+    let api = wasq_tests::Api::with_key(server.addr.unwrap(), server.dev_key.clone());
+    api.deploy("stamp", wasq_tests::guest("stamp"), "").await;
+
+    let mut config = wasq_tests::test_config(dir.path().join("worker"));
+    config.store = StoreBackend::Redis(redis.url());
+    config.listen = None;
+    config.concurrency = CONCURRENCY;
+    config.sandbox.max_instances = CONCURRENCY as u32 * 2;
+    let worker = wasq_server::start(config, shutdown.clone()).await.unwrap();
+    let store = Arc::new(
+        RedisStore::connect(&redis.url(), Arc::new(SystemClock))
+            .await
+            .unwrap(),
+    );
+
+    // Unmeasured, as BullMQ's script warms up: the worker's first runs compile nothing
+    // (the component is cached) but fill its pools and connections.
+    closed_loop(store.clone(), 1000).await;
+    while active(&*store).await {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    let mut out = Vec::new();
+    let mut max = 0.0;
+    for (mode, rate) in PHASES {
+        let before = RedisStats::read(redis.port());
+        let start = Instant::now();
+        let (ids, rate) = match rate {
+            Rate::Unlimited => (closed_loop(store.clone(), max_n).await, 0.0),
+            Rate::PerSec(r) => open_loop(store.clone(), mode, r, (r * secs) as usize).await,
+            Rate::OfMax(f) => {
+                open_loop(store.clone(), mode, max * f, (max * f * secs) as usize).await
+            }
+        };
+        while active(&*store).await {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let rate = if mode == Mode::Max {
+            max = ids.len() as f64 / start.elapsed().as_secs_f64();
+            max
+        } else {
+            rate
+        };
+        let after = RedisStats::read(redis.port());
+        let mut late = lateness(&store, &ids).await;
+        out.push(Measured {
+            mode,
+            rate,
+            n: ids.len(),
+            late: percentiles(&mut late),
+            redis_us: Some((after.cpu - before.cpu) * 1e6 / ids.len() as f64),
+        });
+    }
+    shutdown.cancel();
+    let _ = worker.wait().await;
+    let _ = server.wait().await;
+    out
+}
+
+/// Every phase for BullMQ (`bench/bullmq/latency.mjs`: its producer and one Worker at the
+/// same concurrency, in one Node process).
+fn bullmq(port: u16, secs: f64, max_n: usize) -> Vec<Measured> {
+    let dir = npm_peer("bullmq");
+    let mut out = Vec::new();
+    let mut max = 0.0;
+    for (mode, rate) in PHASES {
+        let (rate, n) = match rate {
+            Rate::Unlimited => (0.0, max_n),
+            Rate::PerSec(r) => (r, (r * secs) as usize),
+            Rate::OfMax(f) => (max * f, (max * f * secs) as usize),
+        };
+        let args = [
+            port.to_string(),
+            mode.name().into(),
+            format!("{rate:.0}"),
+            n.to_string(),
+            CONCURRENCY.to_string(),
+        ];
+        let v = peer_json(
+            &dir,
+            "node",
+            &["latency.mjs".to_string()]
+                .into_iter()
+                .chain(args)
+                .collect::<Vec<_>>(),
+        );
+        let us = |k: &str| v[k].as_f64().unwrap_or(0.0).round() as i64;
+        let achieved = v["achieved_rate"].as_f64().unwrap_or(0.0);
+        if mode == Mode::Max {
+            max = achieved;
+        }
+        out.push(Measured {
+            mode,
+            rate: if mode == Mode::Max { achieved } else { rate },
+            n,
+            late: [us("p50_us"), us("p99_us"), us("p999_us"), us("max_us")],
+            redis_us: None,
+        });
+    }
+    out
+}
+
+fn ms(us: i64) -> String {
+    format!("{:.2}", us as f64 / 1000.0)
+}
+
+fn main() {
+    let env = |k: &str, d: f64| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let secs = env("WASQ_BENCH_SECS", 5.0);
+    let max_n = env("WASQ_BENCH_N", 20_000.0) as usize;
+    let redis = RedisServer::start(RedisOptions::default());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let wq = rt.block_on(wasq(&redis, secs, max_n));
+    redis.cli(&["FLUSHALL"]);
+    redis.cli(&["FUNCTION", "FLUSH"]);
+    let bm = bullmq(redis.port(), secs, max_n);
+
+    let mut json = Vec::new();
+    println!(
+        "create→start latency on one Redis, one worker at concurrency {CONCURRENCY}, ms (p50 / p99 / p99.9 / max):"
+    );
+    println!(
+        "  {:<8} {:>22} {:>30} {:>22} {:>30} {:>10}",
+        "phase", "wasq rate", "wasq", "BullMQ rate", "BullMQ", "p99 ratio"
+    );
+    for (w, b) in wq.iter().zip(&bm) {
+        json.push(w.json("wasq"));
+        json.push(b.json("bullmq"));
+        let cell = |m: &Measured| {
+            format!(
+                "{} / {} / {} / {}",
+                ms(m.late[0]),
+                ms(m.late[1]),
+                ms(m.late[2]),
+                ms(m.late[3])
+            )
+        };
+        println!(
+            "  {:<8} {:>17.0} /s {:>30} {:>17.0} /s {:>30} {:>10.2}",
+            w.mode.name(),
+            w.rate,
+            cell(w),
+            b.rate,
+            cell(b),
+            w.late[1] as f64 / b.late[1].max(1) as f64
+        );
+    }
+    for (w, b) in wq.iter().zip(&bm).filter(|(w, _)| w.mode == Mode::Max) {
+        println!(
+            "  sustained create + run: wasq {:.0}/s, BullMQ {:.0}/s, ratio {:.2}",
+            w.rate,
+            b.rate,
+            w.rate / b.rate
+        );
+    }
+    for w in &wq {
+        if let Some(us) = w.redis_us {
+            println!(
+                "  wasq {} at {:.0}/s: Redis {us:.1} µs CPU per run",
+                w.mode.name(),
+                w.rate
+            );
+        }
+    }
+    queue::write_json("latency", &serde_json::Value::Array(json));
+}

@@ -1,0 +1,215 @@
+//! Shared by the queue benchmarks (`redis`, `latency`, `embedded`): what a process and a
+//! Redis server spent, whether runs are still active, percentiles, and the peers'
+//! set-up. Each benchmark uses a part of it.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use wasq_core::{DEFAULT_TENANT, RunQuery, RunStatus, Runs};
+
+/// The CPU time this process (the bench: its store, API server and worker) has used, in
+/// seconds: user + system from /proc/self/stat, in clock ticks of 10 ms.
+pub(crate) fn process_cpu() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of the line: 11 and 12 counting from the state
+    // (field 3) as 0.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// What Redis had spent when read: CPU seconds, memory in use and, per command, calls
+/// and µs.
+pub(crate) struct RedisStats {
+    pub(crate) cpu: f64,
+    /// This process's CPU seconds at the same moment.
+    pub(crate) own_cpu: f64,
+    pub(crate) memory: f64,
+    pub(crate) commands: std::collections::BTreeMap<String, (u64, u64)>,
+}
+
+impl RedisStats {
+    pub(crate) fn read(port: u16) -> RedisStats {
+        let out = Command::new("redis-cli")
+            .args(["-p", &port.to_string(), "info", "all"])
+            .output()
+            .expect("redis-cli runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let mut cpu = 0.0;
+        let mut memory = 0.0;
+        let mut commands = std::collections::BTreeMap::new();
+        for line in text.lines() {
+            let Some((key, value)) = line.trim().split_once(':') else {
+                continue;
+            };
+            if key == "used_cpu_sys" || key == "used_cpu_user" {
+                cpu += value.parse::<f64>().unwrap_or(0.0);
+            } else if key == "used_memory" {
+                memory = value.parse().unwrap_or(0.0);
+            } else if let Some(name) = key.strip_prefix("cmdstat_") {
+                let field = |f: &str| {
+                    value
+                        .split(',')
+                        .find_map(|kv| kv.strip_prefix(f))
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .unwrap_or(0)
+                };
+                commands.insert(name.to_string(), (field("calls="), field("usec=")));
+            }
+        }
+        RedisStats {
+            cpu,
+            own_cpu: process_cpu(),
+            memory,
+            commands,
+        }
+    }
+
+    /// Prints what `self` .. `later` cost per run: Redis CPU and memory, this process's CPU
+    /// (when `own`: the work was done here, not by a child process), and calls and µs of
+    /// each command.
+    pub(crate) fn report(&self, later: &RedisStats, what: &str, runs: usize, own: bool) {
+        let n = runs as f64;
+        let mut line = format!(
+            "  {what}: redis {:.1} µs CPU/run, {:+.0} B/run;",
+            (later.cpu - self.cpu) * 1e6 / n,
+            (later.memory - self.memory) / n,
+        );
+        if own {
+            let own = (later.own_cpu - self.own_cpu) * 1e6 / n;
+            line.push_str(&format!(" bench process {own:.0} µs CPU/run;"));
+        }
+        let mut rows: Vec<(String, f64, f64)> = later
+            .commands
+            .iter()
+            .filter_map(|(name, &(calls, usec))| {
+                let (c0, u0) = self.commands.get(name).copied().unwrap_or((0, 0));
+                (calls > c0).then(|| {
+                    (
+                        name.clone(),
+                        (calls - c0) as f64 / n,
+                        (usec - u0) as f64 / n,
+                    )
+                })
+            })
+            .collect();
+        rows.sort_by(|a, b| b.2.total_cmp(&a.2));
+        for (name, calls, usec) in rows.iter().take(8) {
+            line.push_str(&format!(" {name} {calls:.2}×/{usec:.1}µs"));
+        }
+        println!("{line}");
+    }
+}
+
+/// Whether the default tenant still has a queued or running run.
+pub(crate) async fn active(store: &impl Runs) -> bool {
+    for status in [RunStatus::Queued, RunStatus::Running] {
+        let q = RunQuery {
+            tenant: DEFAULT_TENANT.into(),
+            function: None,
+            status: Some(status),
+            parent: None,
+            limit: 1,
+        };
+        if !store.runs(q).await.unwrap().is_empty() {
+            return true;
+        }
+    }
+    false
+}
+
+/// Now, in microseconds since the Unix epoch: the clock the `stamp` guest reads.
+pub(crate) fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// p50, p99, p99.9 and max of `values` (nearest rank), sorting them.
+pub(crate) fn percentiles(values: &mut [i64]) -> [i64; 4] {
+    values.sort_unstable();
+    let rank = |p: f64| {
+        if values.is_empty() {
+            return 0;
+        }
+        let i = ((p * values.len() as f64).ceil() as usize).clamp(1, values.len()) - 1;
+        values[i]
+    };
+    [rank(0.50), rank(0.99), rank(0.999), rank(1.0)]
+}
+
+/// `bench/<peer>`, its npm packages installed (`npm ci`) on first use.
+pub(crate) fn npm_peer(peer: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(peer);
+    if !dir.join("node_modules/bullmq").exists() {
+        let ok = Command::new("npm")
+            .args(["ci", "--no-audit", "--no-fund"])
+            .current_dir(&dir)
+            .status()
+            .expect("npm (Node.js) is needed for the BullMQ side");
+        assert!(ok.success(), "npm ci failed in {}", dir.display());
+    }
+    dir
+}
+
+/// `bench/rq`, with its virtualenv (RQ from PyPI, `requirements.txt`) made on first use.
+pub(crate) fn rq_peer() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("rq");
+    if !dir.join(".venv/bin/python").exists() {
+        let ok = Command::new("python3")
+            .args(["-m", "venv", ".venv"])
+            .current_dir(&dir)
+            .status()
+            .expect("python3 is needed for the RQ side");
+        assert!(ok.success(), "python3 -m venv failed in {}", dir.display());
+        let ok = Command::new(".venv/bin/pip")
+            .args(["install", "--quiet", "-r", "requirements.txt"])
+            .current_dir(&dir)
+            .status()
+            .expect("the virtualenv has pip");
+        assert!(ok.success(), "pip install failed in {}", dir.display());
+    }
+    dir
+}
+
+/// Runs `program args` in `dir` and parses the one JSON line it prints.
+pub(crate) fn peer_json(dir: &Path, program: &str, args: &[String]) -> serde_json::Value {
+    let out = Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{program} runs: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(line.trim())
+        .unwrap_or_else(|e| panic!("{program} printed {line:?}, not one JSON line: {e}"))
+}
+
+/// Writes a benchmark's figures to `target/wasq-bench/<name>.json` (under
+/// `CARGO_TARGET_DIR` when set) and says where.
+pub(crate) fn write_json(name: &str, value: &serde_json::Value) {
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"),
+        PathBuf::from,
+    );
+    let dir = target.join("wasq-bench");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.json"));
+    std::fs::write(&path, serde_json::to_vec_pretty(value).unwrap()).unwrap();
+    println!("  figures written to {}", path.display());
+}
