@@ -252,6 +252,8 @@ async fn wasq(redis: &RedisServer, secs: f64, max_n: usize) -> Vec<Measured> {
             rate
         };
         let after = RedisStats::read(redis.port());
+        let what = format!("wasq {} at {rate:.0}/s", mode.name());
+        before.report(&after, &what, ids.len(), true);
         let mut late = lateness(&store, &ids).await;
         out.push(Measured {
             mode,
