@@ -26,11 +26,12 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 use wasq_core::{DEFAULT_TENANT, EnqueueRequest, Queue, Runs, SystemClock};
-use wasq_server::StoreBackend;
 use wasq_store_redis::RedisStore;
 use wasq_store_redis::testing::{RedisOptions, RedisServer};
 
-use queue::{RedisStats, active, now_us, npm_peer, peer_json, percentiles};
+use queue::{
+    RedisStats, now_us, npm_peer, peer_json, percentiles, redis_api, redis_worker, until_idle,
+};
 
 const CONCURRENCY: usize = 50;
 /// Creates in flight at once in the `max` phase.
@@ -203,19 +204,14 @@ async fn lateness(store: &Arc<RedisStore>, ids: &[String]) -> Vec<i64> {
 async fn wasq(redis: &RedisServer, secs: f64, max_n: usize) -> Vec<Measured> {
     let dir = tempfile::tempdir().unwrap();
     let shutdown = CancellationToken::new();
-    let mut config = wasq_tests::test_config(dir.path().join("server"));
-    config.sandbox.compiler = wasq_server::Compiler::InProcess;
-    config.store = StoreBackend::Redis(redis.url());
-    config.concurrency = 0;
-    let server = wasq_server::start(config, shutdown.clone()).await.unwrap();
-    let api = wasq_tests::Api::with_key(server.addr.unwrap(), server.dev_key.clone());
-    api.deploy("stamp", wasq_tests::guest("stamp"), "").await;
-
-    let mut config = wasq_tests::test_config(dir.path().join("worker"));
-    config.store = StoreBackend::Redis(redis.url());
-    config.listen = None;
-    config.concurrency = CONCURRENCY;
-    config.sandbox.max_instances = CONCURRENCY as u32 * 2;
+    let (server, _api) = redis_api(
+        dir.path().join("server"),
+        &redis.url(),
+        "stamp",
+        shutdown.clone(),
+    )
+    .await;
+    let config = redis_worker(dir.path().join("worker"), &redis.url(), CONCURRENCY);
     let worker = wasq_server::start(config, shutdown.clone()).await.unwrap();
     let store = Arc::new(
         RedisStore::connect(&redis.url(), Arc::new(SystemClock))
@@ -226,9 +222,7 @@ async fn wasq(redis: &RedisServer, secs: f64, max_n: usize) -> Vec<Measured> {
     // Unmeasured, as BullMQ's script warms up: the worker's first runs compile nothing
     // (the component is cached) but fill its pools and connections.
     closed_loop(store.clone(), 1000).await;
-    while active(&*store).await {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_idle(&*store).await;
 
     let mut out = Vec::new();
     let mut max = 0.0;
@@ -242,9 +236,7 @@ async fn wasq(redis: &RedisServer, secs: f64, max_n: usize) -> Vec<Measured> {
                 open_loop(store.clone(), mode, max * f, (max * f * secs) as usize).await
             }
         };
-        while active(&*store).await {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        until_idle(&*store).await;
         let rate = if mode == Mode::Max {
             max = ids.len() as f64 / start.elapsed().as_secs_f64();
             max
@@ -372,15 +364,6 @@ fn main() {
             b.rate,
             w.rate / b.rate
         );
-    }
-    for w in &wq {
-        if let Some(us) = w.redis_us {
-            println!(
-                "  wasq {} at {:.0}/s: Redis {us:.1} µs CPU per run",
-                w.mode.name(),
-                w.rate
-            );
-        }
     }
     queue::write_json("latency", &serde_json::Value::Array(json));
 }

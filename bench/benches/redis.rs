@@ -21,12 +21,11 @@ mod queue;
 
 use std::process::Command;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use queue::{RedisStats, active, npm_peer};
+use queue::{RedisStats, npm_peer, redis_api, redis_worker, until_idle};
 use tokio_util::sync::CancellationToken;
 use wasq_core::{DEFAULT_TENANT, EnqueueRequest, Queue, SystemClock};
-use wasq_server::StoreBackend;
 use wasq_store_redis::RedisStore;
 use wasq_store_redis::testing::{RedisOptions, RedisServer};
 
@@ -42,18 +41,7 @@ async fn wasq(url: &str, port: u16, n: usize, guest: &str, http: bool) -> (f64, 
     let shutdown = CancellationToken::new();
 
     // The API process deploys the function; it executes nothing.
-    let mut config = wasq_tests::test_config(dir.path().join("server"));
-    // The bench deploys one trusted component: compile it here, not in a helper binary
-    // that `cargo bench` may not have built (or built from older code).
-    config.sandbox.compiler = wasq_server::Compiler::InProcess;
-    config.store = StoreBackend::Redis(url.into());
-    config.concurrency = 0;
-    let server = wasq_server::start(config, shutdown.clone()).await.unwrap();
-    let api = Arc::new(wasq_tests::Api::with_key(
-        server.addr.unwrap(),
-        server.dev_key.clone(),
-    ));
-    api.deploy(guest, wasq_tests::guest(guest), "").await;
+    let (server, api) = redis_api(dir.path().join("server"), url, guest, shutdown.clone()).await;
 
     let store = Arc::new(
         RedisStore::connect(url, Arc::new(SystemClock))
@@ -106,17 +94,11 @@ async fn wasq(url: &str, port: u16, n: usize, guest: &str, http: bool) -> (f64, 
     let created = start.elapsed();
     let http_created = RedisStats::read(port);
 
-    let mut config = wasq_tests::test_config(dir.path().join("worker"));
-    config.store = StoreBackend::Redis(url.into());
-    config.listen = None;
+    let mut config = redis_worker(dir.path().join("worker"), url, CONCURRENCY);
     config.scheduler = false;
-    config.concurrency = CONCURRENCY;
-    config.sandbox.max_instances = CONCURRENCY as u32 * 2;
     let start = Instant::now();
     let worker = wasq_server::start(config, shutdown.clone()).await.unwrap();
-    while active(&*store).await {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_idle(&*store).await;
     let drain = start.elapsed();
     let drained = RedisStats::read(port);
     shutdown.cancel();

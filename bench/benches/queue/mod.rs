@@ -113,7 +113,7 @@ impl RedisStats {
 }
 
 /// Whether the default tenant still has a queued or running run.
-pub(crate) async fn active(store: &impl Runs) -> bool {
+async fn active(store: &impl Runs) -> bool {
     for status in [RunStatus::Queued, RunStatus::Running] {
         let q = RunQuery {
             tenant: DEFAULT_TENANT.into(),
@@ -127,6 +127,13 @@ pub(crate) async fn active(store: &impl Runs) -> bool {
         }
     }
     false
+}
+
+/// Returns once the default tenant has no queued or running run, checking every 5 ms.
+pub(crate) async fn until_idle(store: &impl Runs) {
+    while active(store).await {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
 }
 
 /// Now, in microseconds since the Unix epoch: the clock the `stamp` guest reads.
@@ -153,12 +160,7 @@ pub(crate) fn percentiles(values: &mut [i64]) -> [i64; 4] {
 pub(crate) fn npm_peer(peer: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(peer);
     if !dir.join("node_modules/bullmq").exists() {
-        let ok = Command::new("npm")
-            .args(["ci", "--no-audit", "--no-fund"])
-            .current_dir(&dir)
-            .status()
-            .expect("npm (Node.js) is needed for the BullMQ side");
-        assert!(ok.success(), "npm ci failed in {}", dir.display());
+        set_up(&dir, "npm", &["ci", "--no-audit", "--no-fund"]);
     }
     dir
 }
@@ -167,20 +169,28 @@ pub(crate) fn npm_peer(peer: &str) -> PathBuf {
 pub(crate) fn rq_peer() -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("rq");
     if !dir.join(".venv/bin/python").exists() {
-        let ok = Command::new("python3")
-            .args(["-m", "venv", ".venv"])
-            .current_dir(&dir)
-            .status()
-            .expect("python3 is needed for the RQ side");
-        assert!(ok.success(), "python3 -m venv failed in {}", dir.display());
-        let ok = Command::new(".venv/bin/pip")
-            .args(["install", "--quiet", "-r", "requirements.txt"])
-            .current_dir(&dir)
-            .status()
-            .expect("the virtualenv has pip");
-        assert!(ok.success(), "pip install failed in {}", dir.display());
+        set_up(&dir, "python3", &["-m", "venv", ".venv"]);
+        set_up(
+            &dir,
+            ".venv/bin/pip",
+            &["install", "--quiet", "-r", "requirements.txt"],
+        );
     }
     dir
+}
+
+/// Runs one set-up step of a peer in `dir`, which must succeed.
+fn set_up(dir: &Path, program: &str, args: &[&str]) {
+    let ok = Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .status()
+        .unwrap_or_else(|e| panic!("{program} is needed to set up {}: {e}", dir.display()));
+    assert!(
+        ok.success(),
+        "{program} {args:?} failed in {}",
+        dir.display()
+    );
 }
 
 /// Runs `program args` in `dir` and parses the one JSON line it prints.
@@ -212,4 +222,37 @@ pub(crate) fn write_json(name: &str, value: &serde_json::Value) {
     let path = dir.join(format!("{name}.json"));
     std::fs::write(&path, serde_json::to_vec_pretty(value).unwrap()).unwrap();
     println!("  figures written to {}", path.display());
+}
+
+/// An API server on the Redis at `url` that executes nothing, with `guest` deployed
+/// under its own name, and its `default` tenant's client.
+pub(crate) async fn redis_api(
+    data: PathBuf,
+    url: &str,
+    guest: &str,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> (wasq_server::Running, std::sync::Arc<wasq_tests::Api>) {
+    let mut config = wasq_tests::test_config(data);
+    // The bench deploys one trusted component: compile it here, not in a helper binary
+    // that `cargo bench` may not have built (or built from older code).
+    config.sandbox.compiler = wasq_server::Compiler::InProcess;
+    config.store = wasq_server::StoreBackend::Redis(url.into());
+    config.concurrency = 0;
+    let server = wasq_server::start(config, shutdown).await.unwrap();
+    let api = std::sync::Arc::new(wasq_tests::Api::with_key(
+        server.addr.unwrap(),
+        server.dev_key.clone(),
+    ));
+    api.deploy(guest, wasq_tests::guest(guest), "").await;
+    (server, api)
+}
+
+/// A worker on the Redis at `url` (no API) at `concurrency`, a fresh sandbox per run.
+pub(crate) fn redis_worker(data: PathBuf, url: &str, concurrency: usize) -> wasq_server::Config {
+    let mut config = wasq_tests::test_config(data);
+    config.store = wasq_server::StoreBackend::Redis(url.into());
+    config.listen = None;
+    config.concurrency = concurrency;
+    config.sandbox.max_instances = concurrency as u32 * 2;
+    config
 }
