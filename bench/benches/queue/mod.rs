@@ -131,8 +131,13 @@ async fn active(store: &impl Runs) -> bool {
 
 /// Returns once the default tenant has no queued or running run, checking every 5 ms.
 pub(crate) async fn until_idle(store: &impl Runs) {
+    until_idle_every(store, std::time::Duration::from_millis(5)).await;
+}
+
+/// [`until_idle`], checking every `every`.
+pub(crate) async fn until_idle_every(store: &impl Runs, every: std::time::Duration) {
     while active(store).await {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        tokio::time::sleep(every).await;
     }
 }
 

@@ -9,6 +9,7 @@ use std::future::Future;
 
 mod actions;
 mod durable;
+mod ends;
 mod flow;
 mod history;
 mod runs;
@@ -87,6 +88,21 @@ fn scenarios<S: Store + Directory>() -> Vec<(&'static str, &'static str, Scenari
             "end_attempt",
             "end_attempt answers the status finish leaves the run in",
             |s, c| Box::pin(runs::end_attempt(s, c)),
+        ),
+        (
+            "end_attempts",
+            "an attempt's end stores its records, then its outcome; each end on its own",
+            |s, c| Box::pin(ends::end_attempts(s, c)),
+        ),
+        (
+            "end_attempts_quota",
+            "an end over a storage quota stores nothing and keeps its lease",
+            |s, c| Box::pin(ends::end_attempts_quota(s, c)),
+        ),
+        (
+            "end_attempts_usage",
+            "an end costs what its records and outcome cost as separate calls",
+            |s, c| Box::pin(ends::end_attempts_usage(s, c)),
         ),
         (
             "renew",
@@ -335,6 +351,9 @@ macro_rules! conformance_tests {
             dead,
             release,
             end_attempt,
+            end_attempts,
+            end_attempts_quota,
+            end_attempts_usage,
             renew,
             lease_loss_cap,
             pinned_digest,

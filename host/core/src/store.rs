@@ -54,6 +54,14 @@ pub trait Queue: Send + Sync + 'static {
     async fn end_attempt(&self, lease: &Lease, outcome: Outcome) -> Result<RunStatus, StoreError> {
         self.finish(lease, outcome).await.map(|run| run.status)
     }
+    /// Ends attempts as [`Queue::end_attempt`] does, each together with what its attempt
+    /// still had to record ([`AttemptEnd::records`]), and answers each, in order. An end is
+    /// one transition, stored whole or not at all: its steps and its output are checked
+    /// against the storage quotas together before anything of it is stored
+    /// ([`StoreError::StorageQuota`] then, and the attempt still holds its lease). Ends do
+    /// not depend on each other: one refused or with a lost lease leaves the others to
+    /// apply. A backend may store many in one round trip; that is what workers call.
+    async fn end_attempts(&self, ends: Vec<AttemptEnd>) -> Vec<Result<RunStatus, StoreError>>;
 
     /// Returns when a run may have become claimable (created, due, resumed, handed back)
     /// or after `max`, whichever is first. Backends shared by several processes wake idle
@@ -392,6 +400,46 @@ pub enum Record {
     Progress(Progress),
 }
 
+/// How an attempt ends, as a worker hands it to [`Queue::end_attempts`]: the records its
+/// attempt had not stored yet, then its outcome.
+///
+/// A worker need not store an attempt's last step before the guest returns: nothing the
+/// guest does after it can leave the sandbox without the step being stored first (an
+/// outbound request, an event, a child run, a sleep or a wait stores it, and so does a
+/// short timer), so storing it with the end keeps every promise a step makes while it
+/// costs one transition instead of two.
+#[derive(Debug, Clone)]
+pub struct AttemptEnd {
+    pub lease: Lease,
+    /// Stored first, in order, in the same transition as the outcome.
+    pub records: Vec<Record>,
+    pub outcome: Outcome,
+}
+
+impl AttemptEnd {
+    /// The steps among its records, each (name, occurrence) once, in order: what an end
+    /// adds to the storage quotas besides its output, less those the run stored already.
+    pub fn steps(&self) -> Vec<(&str, u32, &[u8])> {
+        let mut seen = std::collections::HashSet::new();
+        self.records
+            .iter()
+            .filter_map(|r| match r {
+                Record::Step {
+                    name,
+                    occurrence,
+                    output,
+                    ..
+                } => seen.insert((name.as_str(), *occurrence)).then_some((
+                    name.as_str(),
+                    *occurrence,
+                    output.as_slice(),
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
 #[derive(Debug, Clone)]
 pub enum Outcome {
     Succeeded {
@@ -457,7 +505,7 @@ pub struct PurgeRequest {
     pub limit: usize,
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("lease lost: run {0} was taken over or ended by another attempt")]
     LeaseLost(RunId),

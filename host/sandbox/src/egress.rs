@@ -250,6 +250,12 @@ impl WasiHttpHooks for Guard {
         let checked = check_request(&shared, &request, self.requests);
         Box::new(async move {
             let target = checked?;
+            // A step the guest completed before this request is stored first: the request
+            // must not go out ahead of it.
+            if let Err(why) = shared.ownership.settle().await {
+                let reason = format!("the step before it could not be stored: {why}");
+                return Err(shared.refuse(&target.label, reason, Error::HttpRequestDenied));
+            }
             send(shared, target, request, options).await
         })
     }

@@ -290,6 +290,15 @@ impl Ownership {
         })
     }
 
+    /// Stores what the journal kept back ([`Journal::settle`]) before an effect that
+    /// leaves the sandbox; `Err(why)` when it could not, noted like any failed journal call.
+    pub(crate) async fn settle(&self) -> Result<(), String> {
+        self.journal.settle().await.map_err(|e| {
+            self.note(&e);
+            e.to_string()
+        })
+    }
+
     /// Notes what a failed journal call says about the attempt.
     fn note(&self, e: &JournalError) {
         match e {
@@ -360,6 +369,10 @@ impl Journal for Noted {
 
     fn progress(&self, progress: Progress) {
         self.inner.progress(progress);
+    }
+
+    async fn settle(&self) -> Result<(), JournalError> {
+        self.seen(self.inner.settle().await)
     }
 
     fn ensure_owned(&self) -> Result<(), String> {

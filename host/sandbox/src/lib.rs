@@ -203,8 +203,12 @@ pub enum JournalError {
 /// Where an attempt's durable effects go while it runs.
 #[async_trait::async_trait]
 pub trait Journal: Send + Sync {
-    /// Durably stores a step output before the guest continues. An error traps the guest
-    /// (see [`JournalError`] for how the attempt ends).
+    /// Completes a step: its output is stored durably before anything the guest does
+    /// afterwards can leave the sandbox. A journal may keep it back to store it with the
+    /// attempt's end (one transition instead of two), as long as it stores it first
+    /// whenever [`Journal::settle`] is called, and within a few milliseconds otherwise (a
+    /// guest computing on after its step must not leave it unstored for long). An error
+    /// traps the guest (see [`JournalError`] for how the attempt ends).
     async fn complete_step(
         &self,
         name: &str,
@@ -229,6 +233,12 @@ pub trait Journal: Send + Sync {
     /// Reads the output of a completed step that did not come with the attempt's steps
     /// (too big to carry along). An error traps the guest.
     async fn load_step(&self, name: &str, occurrence: u32) -> Result<Vec<u8>, JournalError>;
+    /// Stores what [`Journal::complete_step`] kept back, before an effect that leaves the
+    /// sandbox (an outbound request); the journal's own effects (events, child runs) settle
+    /// by themselves. An error is the one storing the step met.
+    async fn settle(&self) -> Result<(), JournalError> {
+        Ok(())
+    }
     /// Must not block: called from inside the guest's writes.
     fn log(&self, line: LogLine);
     fn progress(&self, progress: Progress);

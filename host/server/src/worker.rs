@@ -16,9 +16,11 @@ use wasq_sandbox::{AttemptError, AttemptOutcome, AttemptSpec, Journal, JournalEr
 use crate::App;
 
 mod attempt;
+mod finisher;
 mod journal;
 
 use attempt::*;
+use finisher::Finisher;
 use journal::*;
 
 /// Attempts in flight in this process, for lease renewal, cancellation and shutdown.
@@ -128,6 +130,7 @@ pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
         shutdown.clone(),
         hard_stop.clone(),
     ));
+    let finisher = Finisher::spawn(app.store.clone());
     let mut attempts = JoinSet::new();
     let mut store_errors = 0u32;
     // The last claim filled every free slot: there is a backlog.
@@ -207,11 +210,13 @@ pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
                 .lock()
                 .unwrap()
                 .insert(c.run.id.clone(), held.clone());
-            let (app, hard_stop) = (app.clone(), hard_stop.clone());
+            let (app, hard_stop, finisher) = (app.clone(), hard_stop.clone(), finisher.clone());
             let span = tracing::info_span!("attempt", run = %c.run.id, function = %c.run.function, attempt = c.run.attempt);
             attempts.spawn(async move {
                 let id = c.run.id.clone();
-                attempt(&app, c, held, &hard_stop).instrument(span).await;
+                attempt(&app, &finisher, c, held, &hard_stop)
+                    .instrument(span)
+                    .await;
                 app.in_flight.0.lock().unwrap().remove(&id);
                 drop(permit);
             });

@@ -155,6 +155,12 @@ impl Queue for MemoryStore {
     async fn finish(&self, lease: &Lease, outcome: Outcome) -> Result<Run, StoreError> {
         self.with(|st, now| transition::finish(st, now, lease, outcome))
     }
+
+    async fn end_attempts(&self, ends: Vec<AttemptEnd>) -> Vec<Result<RunStatus, StoreError>> {
+        ends.into_iter()
+            .map(|end| self.with(|st, now| transition::end(st, now, end)))
+            .collect()
+    }
 }
 
 #[async_trait]

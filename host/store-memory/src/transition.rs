@@ -183,6 +183,30 @@ pub(crate) fn record(
 ) -> Result<(), StoreError> {
     check_lease(st, lease)?;
     let (tenant, id) = (lease.tenant.as_str(), lease.run_id.as_str());
+    if let Record::Step {
+        name,
+        occurrence,
+        output,
+        ..
+    } = &record
+        && !st
+            .get(tenant, id)?
+            .step_index
+            .contains_key(&(name.clone(), *occurrence))
+    {
+        check_run(st, tenant, id, COST.step(name.len(), output.len()))?;
+    }
+    store_record(st, now, tenant, id, record)
+}
+
+/// Stores a record of a leased run whose quotas the caller checked.
+fn store_record(
+    st: &mut State,
+    now: Millis,
+    tenant: &str,
+    id: &str,
+    record: Record,
+) -> Result<(), StoreError> {
     match record {
         Record::Step {
             name,
@@ -190,11 +214,6 @@ pub(crate) fn record(
             output,
             logs,
         } => {
-            let key = (name.clone(), occurrence);
-            if !st.get(tenant, id)?.step_index.contains_key(&key) {
-                let cost = COST.step(name.len(), output.len());
-                check_run(st, tenant, id, cost)?;
-            }
             append_logs(st, tenant, id, logs)?;
             write_step(st, tenant, id, &name, occurrence, &output, now)
         }
@@ -203,6 +222,36 @@ pub(crate) fn record(
             e.run.progress = Some(p);
             e.run.updated_at = now;
         }),
+    }
+}
+
+/// [`Queue::end_attempts`], one end: its new steps and its output checked against the
+/// quotas together, then its records and its outcome stored.
+pub(crate) fn end(st: &mut State, now: Millis, end: AttemptEnd) -> Result<RunStatus, StoreError> {
+    let leased = check_lease(st, &end.lease)?;
+    let (tenant, id) = (end.lease.tenant.as_str(), end.lease.run_id.as_str());
+    let t = lifecycle::finish(ending(id, &leased), &end.outcome, now);
+    let mut adding = t.output.as_ref().map(|o| o.len() as u64);
+    let known = &st.get(tenant, id)?.step_index;
+    for (name, occurrence, output) in end.steps() {
+        if !known.contains_key(&(name.to_owned(), occurrence)) {
+            *adding.get_or_insert(0) += COST.step(name.len(), output.len());
+        }
+    }
+    if let Some(adding) = adding {
+        check_run(st, tenant, id, adding)?;
+    }
+    for r in end.records {
+        store_record(st, now, tenant, id, r)?;
+    }
+    store_finish(st, now, tenant, id, &t).map(|run| run.status)
+}
+
+fn ending<'a>(id: &'a str, leased: &Leased) -> lifecycle::Ending<'a> {
+    lifecycle::Ending {
+        id,
+        cancel_requested: leased.cancel_requested,
+        resumed: leased.resumed,
     }
 }
 
@@ -243,17 +292,24 @@ pub(crate) fn finish(
 ) -> Result<Run, StoreError> {
     let leased = check_lease(st, lease)?;
     let (tenant, id) = (lease.tenant.as_str(), lease.run_id.as_str());
-    let ending = lifecycle::Ending {
-        id,
-        cancel_requested: leased.cancel_requested,
-        resumed: leased.resumed,
-    };
-    let t = lifecycle::finish(ending, &outcome, now);
+    let t = lifecycle::finish(ending(id, &leased), &outcome, now);
     if let Some(output) = &t.output {
         // Refused over a quota (nothing changes); the worker then fails the run.
         check_run(st, tenant, id, output.len() as u64)?;
     }
-    apply(st, tenant, id, &t, now)?;
+    store_finish(st, now, tenant, id, &t)
+}
+
+/// Stores the transition that ends an attempt (its quotas checked by the caller), and
+/// resolves at once a wait for a run that already ended.
+fn store_finish(
+    st: &mut State,
+    now: Millis,
+    tenant: &str,
+    id: &str,
+    t: &Transition,
+) -> Result<Run, StoreError> {
+    apply(st, tenant, id, t, now)?;
     if let Some(
         wait @ Wait {
             on: WaitOn::Run { id: target },

@@ -12,96 +12,122 @@ pub(crate) enum FinishReply {
     Status,
 }
 
+/// What the finish script answered for one end (the run or its status word), and the
+/// output of a success, which the answer leaves out.
+pub(crate) type Ended = (Value, Option<Vec<u8>>);
+
 impl RedisStore {
     pub(crate) async fn record_attempt(
         &self,
         lease: &Lease,
         record: Record,
     ) -> Result<(), StoreError> {
-        let args = Args::new().s(&lease.run_id).n(lease.token);
-        let lines = |mut args: Args, lines: &[LogLine]| -> Result<Args, StoreError> {
-            for l in lines {
-                args = args.b(to_json(l)?);
-            }
-            Ok(args)
-        };
-        // The lines that mark a cut log, ready for the script to store if it cuts here.
-        let markers = |args: Args, lines: &[LogLine]| -> Result<Args, StoreError> {
-            let (attempt, at) = lines.first().map_or((0, 0), |l| (l.attempt, l.at));
-            cut_markers(args, attempt, at)
-        };
-        let args = match &record {
-            Record::Step {
-                name,
-                occurrence,
-                output,
-                logs,
-            } => lines(
-                markers(
-                    args.s("step")
-                        .s(decode::step_field(name, *occurrence))
-                        .b(output.clone()),
-                    logs,
-                )?,
-                logs,
-            )?,
-            Record::Logs(l) => lines(markers(args.s("logs"), l)?, l)?,
-            Record::Progress(p) => args.s("progress").b(to_json(p)?),
-        };
+        let args = record_args(Args::new().s(&lease.run_id).n(lease.token), &record)?;
         let (status, rest) = self.script(&scripts::RECORD, &lease.tenant, args).await?;
         lease_status(&status, lease, &rest)
     }
 
-    /// Ends the attempt; answers the script's run (or, for [`FinishReply::Status`], its
-    /// status word) and the output the caller already has.
-    pub(crate) async fn finish_attempt(
+    /// Ends attempts ([`Queue::end_attempts`]): one finish script call per tenant, all
+    /// at once; answers each end's script reply (the run, or for [`FinishReply::Status`]
+    /// its status word) and the output the caller already has, in order.
+    pub(crate) async fn end_batch(
         &self,
-        lease: &Lease,
-        outcome: Outcome,
+        ends: Vec<AttemptEnd>,
         reply: FinishReply,
-    ) -> Result<(Value, Option<Vec<u8>>), StoreError> {
+    ) -> Vec<Result<Ended, StoreError>> {
         let now = self.now();
-        // The script knows whether the run resumed and whether its cancel was requested:
-        // it picks the transition computed for its case.
-        let ending = |resumed, cancel_requested| lifecycle::Ending {
-            id: &lease.run_id,
-            cancel_requested,
-            resumed,
-        };
-        let fresh = lifecycle::finish(ending(false, false), &outcome, now);
-        let resumed = lifecycle::finish(ending(true, false), &outcome, now);
-        let cancelled = lifecycle::finish(ending(false, true), &outcome, now);
-        let args = Args::new().s(&lease.run_id).n(lease.token).s(match reply {
+        let mut by_tenant: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for (i, e) in ends.iter().enumerate() {
+            by_tenant
+                .entry(e.lease.tenant.as_str())
+                .or_default()
+                .push(i);
+        }
+        let calls = by_tenant.into_iter().map(|(tenant, idx)| {
+            let group: Vec<&AttemptEnd> = idx.iter().map(|&i| &ends[i]).collect();
+            async move { (idx, self.end_group(tenant, &group, reply, now).await) }
+        });
+        let mut answers: Vec<Option<Result<_, StoreError>>> = vec![None; ends.len()];
+        for (idx, results) in futures_util::future::join_all(calls).await {
+            for (i, r) in idx.into_iter().zip(results) {
+                answers[i] = Some(r);
+            }
+        }
+        answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Err(corrupt("an end went unanswered"))))
+            .collect()
+    }
+
+    /// The ends of one tenant's runs in one call of the finish script.
+    async fn end_group(
+        &self,
+        tenant: &str,
+        ends: &[&AttemptEnd],
+        reply: FinishReply,
+        now: i64,
+    ) -> Vec<Result<Ended, StoreError>> {
+        let mut answers: Vec<Result<Ended, StoreError>> = Vec::with_capacity(ends.len());
+        let mut head = Args::new().s(match reply {
             FinishReply::Run => "run",
             FinishReply::Status => "status",
         });
-        let args = transition::args(args, Some(&fresh))?;
-        let args = transition::alternative(args, (resumed != fresh).then_some(&resumed))?;
-        let args = transition::alternative(args, (cancelled != fresh).then_some(&cancelled))?;
-        let args = match &outcome {
-            Outcome::Waiting { wait, .. } => {
-                let (on, target) = match &wait.on {
-                    WaitOn::Event { name, .. } => ("event", name.clone()),
-                    WaitOn::Run { id } => ("run", id.clone()),
-                };
-                let missing = lifecycle::missing_run_resolution(&target).to_bytes();
-                args.b(to_json(wait)?)
-                    .s(decode::step_field(&wait.step, wait.occurrence))
-                    .opt_n(wait.until)
-                    .s(on)
-                    .s(target)
-                    .b(missing)
+        let mut body = Vec::new();
+        // The ends sent (an end whose arguments cannot be built is answered at once).
+        let mut sent = Vec::new();
+        for (i, e) in ends.iter().enumerate() {
+            match end_args(e, now) {
+                Ok((a, output)) => {
+                    body.extend(a.0);
+                    sent.push(i);
+                    answers.push(Ok((Value::Nil, output)));
+                }
+                Err(err) => answers.push(Err(err)),
             }
-            _ => args,
+        }
+        if sent.is_empty() {
+            return answers;
+        }
+        head = head.n(sent.len());
+        head.0.extend(body);
+        let replies = async {
+            let (status, mut rest) = self.script_at(&scripts::FINISH, tenant, now, head).await?;
+            if status != "ok" {
+                return Err(corrupt(format!("finish answered {status}")));
+            }
+            self.published(tenant, &mut rest).await?;
+            let replies = array(rest.into_iter().next().unwrap_or(Value::Nil))?;
+            if replies.len() != sent.len() {
+                return Err(corrupt("finish answered a different number of ends"));
+            }
+            Ok(replies)
+        }
+        .await;
+        let replies = match replies {
+            Ok(r) => r,
+            Err(e) => {
+                for &i in &sent {
+                    answers[i] = Err(e.clone());
+                }
+                return answers;
+            }
         };
-        // A success's reply leaves out the output, which is this one.
-        let sent_output = fresh.output;
-        let (status, mut rest) = self
-            .script_at(&scripts::FINISH, &lease.tenant, now, args)
-            .await?;
-        lease_status(&status, lease, &rest)?;
-        self.published(&lease.tenant, &mut rest).await?;
-        Ok((rest.into_iter().next().unwrap_or(Value::Nil), sent_output))
+        for (&i, r) in sent.iter().zip(replies) {
+            let lease = &ends[i].lease;
+            let answer = array(r).and_then(|items| {
+                let mut items = items.into_iter();
+                let word = string(items.next().ok_or_else(|| corrupt("empty end answer"))?)?;
+                let rest: Vec<Value> = items.collect();
+                lease_status(&word, lease, &rest)?;
+                Ok(rest.into_iter().next().unwrap_or(Value::Nil))
+            });
+            answers[i] = match (answer, &mut answers[i]) {
+                (Ok(v), Ok((_, output))) => Ok((v, output.take())),
+                (Err(e), _) => Err(e),
+                (_, Err(e)) => Err(e.clone()),
+            };
+        }
+        answers
     }
 
     pub(crate) async fn cancel_run(&self, req: RunAction) -> Result<Run, StoreError> {
@@ -239,5 +265,83 @@ pub(crate) fn storage_refusal(tenant: &str, run: &str, rest: &[Value]) -> StoreE
     match rest.first().cloned().map(string) {
         Some(Ok(kind)) if kind == "run" => wasq_core::storage::run_full(run, used, adding, max),
         _ => wasq_core::storage::tenant_full(tenant, used, adding, max),
+    }
+}
+
+/// The finish script's arguments for one end (see FINISH in scripts.rs): the run, its
+/// lease, its records, the transitions `wasq_core::lifecycle::finish` computed and its
+/// wait; and the output a success's reply leaves out.
+fn end_args(end: &AttemptEnd, now: i64) -> Result<(Args, Option<Vec<u8>>), StoreError> {
+    let lease = &end.lease;
+    let mut args = Args::new()
+        .s(&lease.run_id)
+        .n(lease.token)
+        .n(end.records.len());
+    for r in &end.records {
+        args = record_args(args, r)?;
+    }
+    // The script knows whether the run resumed and whether its cancel was requested: it
+    // picks the transition computed for its case.
+    let ending = |resumed, cancel_requested| lifecycle::Ending {
+        id: &lease.run_id,
+        cancel_requested,
+        resumed,
+    };
+    let outcome = &end.outcome;
+    let fresh = lifecycle::finish(ending(false, false), outcome, now);
+    let resumed = lifecycle::finish(ending(true, false), outcome, now);
+    let cancelled = lifecycle::finish(ending(false, true), outcome, now);
+    let args = transition::args(args, Some(&fresh))?;
+    let args = transition::alternative(args, (resumed != fresh).then_some(&resumed))?;
+    let args = transition::alternative(args, (cancelled != fresh).then_some(&cancelled))?;
+    let args = match outcome {
+        Outcome::Waiting { wait, .. } => {
+            let (on, target) = match &wait.on {
+                WaitOn::Event { name, .. } => ("event", name.clone()),
+                WaitOn::Run { id } => ("run", id.clone()),
+            };
+            let missing = lifecycle::missing_run_resolution(&target).to_bytes();
+            args.s("1")
+                .b(to_json(wait)?)
+                .s(decode::step_field(&wait.step, wait.occurrence))
+                .opt_n(wait.until)
+                .s(on)
+                .s(target)
+                .b(missing)
+        }
+        _ => args.s("0"),
+    };
+    // A success's reply leaves out the output, which is this one.
+    Ok((args, fresh.output))
+}
+
+/// Appends a record as the scripts read it (`record.lua`, `finish.lua`): 'step', its
+/// field, its output, the two cut markers (the run's log budget, the tenant's quota), how
+/// many log lines, the lines; 'logs', the markers, how many lines, the lines; 'progress',
+/// the progress JSON.
+fn record_args(args: Args, record: &Record) -> Result<Args, StoreError> {
+    let lines = |args: Args, lines: &[LogLine]| -> Result<Args, StoreError> {
+        // The lines that mark a cut log, ready for the script to store if it cuts here.
+        let (attempt, at) = lines.first().map_or((0, 0), |l| (l.attempt, l.at));
+        let mut args = cut_markers(args, attempt, at)?.n(lines.len());
+        for l in lines {
+            args = args.b(to_json(l)?);
+        }
+        Ok(args)
+    };
+    match record {
+        Record::Step {
+            name,
+            occurrence,
+            output,
+            logs,
+        } => lines(
+            args.s("step")
+                .s(decode::step_field(name, *occurrence))
+                .b(output.clone()),
+            logs,
+        ),
+        Record::Logs(l) => lines(args.s("logs"), l),
+        Record::Progress(p) => Ok(args.s("progress").b(to_json(p)?)),
     }
 }

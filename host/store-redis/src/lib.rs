@@ -694,17 +694,35 @@ impl Queue for RedisStore {
     }
 
     async fn finish(&self, lease: &Lease, outcome: Outcome) -> Result<Run, StoreError> {
-        let reply = self
-            .finish_attempt(lease, outcome, FinishReply::Run)
-            .await?;
-        self.run_from(&lease.tenant, reply.0, reply.1).await
+        let end = AttemptEnd {
+            lease: lease.clone(),
+            records: Vec::new(),
+            outcome,
+        };
+        let reply = self.end_batch(vec![end], FinishReply::Run).await;
+        let (run, output) = reply.into_iter().next().expect("one answer per end")?;
+        self.run_from(&lease.tenant, run, output).await
     }
 
     async fn end_attempt(&self, lease: &Lease, outcome: Outcome) -> Result<RunStatus, StoreError> {
-        let (status, _) = self
-            .finish_attempt(lease, outcome, FinishReply::Status)
-            .await?;
-        string(status)?.parse().map_err(corrupt)
+        let end = AttemptEnd {
+            lease: lease.clone(),
+            records: Vec::new(),
+            outcome,
+        };
+        self.end_attempts(vec![end])
+            .await
+            .into_iter()
+            .next()
+            .expect("one answer per end")
+    }
+
+    async fn end_attempts(&self, ends: Vec<AttemptEnd>) -> Vec<Result<RunStatus, StoreError>> {
+        let replies = self.end_batch(ends, FinishReply::Status).await;
+        replies
+            .into_iter()
+            .map(|r| string(r?.0)?.parse().map_err(corrupt))
+            .collect()
     }
 
     async fn wait_for_work(&self, max: Duration) -> Result<(), StoreError> {

@@ -281,16 +281,20 @@ pub(crate) static CLAIM: TenantScript = tenant_script!("claim", writes);
 /// ARGV[5..]: lease_ms, then run id and token pairs. Returns the ids no longer held.
 pub(crate) static RENEW: TenantScript = tenant_script!("renew", writes);
 
-/// ARGV[5..]: id, token, kind; 'step': field, attempt-independent output, the two cut
-/// markers (run's log budget, tenant's quota), then log lines; 'logs': the two markers,
-/// then log lines; 'progress': progress JSON.
+/// ARGV[5..]: id, token, then one record: 'step', field, attempt-independent output, the
+/// two cut markers (run's log budget, tenant's quota), how many log lines, the lines;
+/// 'logs', the two markers, how many lines, the lines; 'progress', progress JSON.
 pub(crate) static RECORD: TenantScript = tenant_script!("record", writes);
 
-/// ARGV[5..]: id, token, what to answer ('run' or 'status'), then the transitions
+/// ARGV[5..]: what to answer ('run' or 'status'), how many ends, then each end: id,
+/// token, how many records, each record ('step', field, output, the two cut markers (the
+/// run's log budget, the tenant's quota), how many log lines, the lines; 'logs', the two
+/// markers, how many lines, the lines; 'progress', progress JSON), then the transitions
 /// `wasq_core::lifecycle::finish` computed: the outcome's (T_ARGS), then for a run that
 /// resumed and for a run whose cancel was requested '0' when it is the same or '1' and
-/// that transition, then for a wait: wait JSON, step field, until or '', 'event'|'run',
-/// event name or run id, the resolution of a missing run.
+/// that transition, then '0' or '1' and a wait: wait JSON, step field, until or '',
+/// 'event'|'run', event name or run id, the resolution of a missing run. Answers each
+/// end: `ok` and the run or its status, `lease_lost`, `not_found` or a `storage` refusal.
 pub(crate) static FINISH: TenantScript = tenant_script!("finish", writes);
 
 /// ARGV[5..]: id, the status the transition was computed for, 'mark' (a running run:

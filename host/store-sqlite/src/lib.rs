@@ -36,6 +36,7 @@ use wasq_core::storage as storage_limits;
 use wasq_core::*;
 
 mod admission;
+mod attempt;
 mod cached;
 mod claim;
 mod directory;
@@ -293,77 +294,22 @@ impl Queue for SqliteStore {
 
     async fn record(&self, lease: &Lease, record: Record) -> Result<(), StoreError> {
         let lease = lease.clone();
-        self.tx(move |tx, now| {
-            let run = check_lease(tx, &lease)?.run;
-            match record {
-                Record::Step {
-                    name,
-                    occurrence,
-                    output,
-                    logs,
-                } => {
-                    let exists = step_output(tx, &run.id, &name, occurrence)?.is_some();
-                    if !exists {
-                        let cost = storage::COST.step(name.len(), output.len());
-                        storage::check_run(tx, &run.tenant, &run.id, cost)?;
-                    }
-                    append_logs(tx, &run.tenant, &run.id, logs)?;
-                    write_step(tx, &run, &name, occurrence, &output, now)?;
-                }
-                Record::Logs(lines) => append_logs(tx, &run.tenant, &run.id, lines)?,
-                Record::Progress(p) => {
-                    tx.exec(
-                        "UPDATE runs SET progress = ?2, updated_at = ?3 WHERE id = ?1",
-                        params![run.id, to_json(&p)?, now],
-                    )
-                    .map_err(internal)?;
-                }
-            }
-            Ok(())
-        })
-        .await
+        self.tx(move |tx, now| attempt::record(tx, now, &lease, record))
+            .await
     }
 
     async fn finish(&self, lease: &Lease, outcome: Outcome) -> Result<Run, StoreError> {
         let lease = lease.clone();
-        self.tx(move |tx, now| {
-            let Leased {
-                run,
-                resumed,
-                cancel_requested,
-            } = check_lease(tx, &lease)?;
-            let ending = lifecycle::Ending {
-                id: &run.id,
-                cancel_requested,
-                resumed,
-            };
-            let t = lifecycle::finish(ending, &outcome, now);
-            if let Some(output) = &t.output {
-                // Refused over a quota (nothing changes); the worker then fails the run.
-                storage::check_run(tx, &run.tenant, &run.id, output.len() as u64)?;
-                storage::charge(tx, &run.tenant, Some(&run.id), output.len() as i64)?;
-            }
-            apply(tx, &run, &t, now)?;
-            // A wait on a run that already ended (or does not exist) resolves at once.
-            if let Some(
-                wait @ Wait {
-                    on: WaitOn::Run { id: target },
-                    ..
-                },
-            ) = &t.wait
-            {
-                let resolution = match load_run(tx, target)?.filter(|t| t.tenant == run.tenant) {
-                    Some(t) => lifecycle::resolution(&t),
-                    None => Some(lifecycle::missing_run_resolution(target)),
-                };
-                if let Some(resolution) = resolution {
-                    resolve_wait(tx, &run, wait, &resolution, now)?;
-                }
-            }
-            load_run(tx, &run.id)?
-                .ok_or_else(|| StoreError::Internal("finished run vanished".into()))
-        })
-        .await
+        self.tx(move |tx, now| attempt::finish(tx, now, &lease, outcome))
+            .await
+    }
+
+    async fn end_attempts(&self, ends: Vec<AttemptEnd>) -> Vec<Result<RunStatus, StoreError>> {
+        // One transaction each; sent together, they share the writer's next group commit.
+        let calls = ends
+            .into_iter()
+            .map(|end| self.tx(move |tx, now| attempt::end(tx, now, end)));
+        futures_util::future::join_all(calls).await
     }
 }
 

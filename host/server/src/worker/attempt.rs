@@ -28,8 +28,8 @@ where
 /// could still be ours: a Redis restart shorter than the lease then costs no re-execution.
 pub(crate) async fn finish_while_leased(
     app: &App,
-    lease: &Lease,
-    outcome: &Outcome,
+    finisher: &Finisher,
+    end: &AttemptEnd,
 ) -> Result<wasq_core::RunStatus, StoreError> {
     // Renewals kept the lease alive until about now; one lease length later it has surely
     // expired and another worker may hold the run, so retrying longer is pointless (the
@@ -37,7 +37,7 @@ pub(crate) async fn finish_while_leased(
     let until = app.now() + app.config.lease.as_millis() as i64;
     let mut delay = Duration::from_millis(50);
     loop {
-        match app.store.end_attempt(lease, outcome.clone()).await {
+        match finisher.end(end.clone()).await {
             Err(e) if e.is_retryable() && app.now() < until => {
                 tracing::warn!(error = %e, "recording the end of the attempt failed; retrying");
                 tokio::time::sleep(delay).await;
@@ -65,22 +65,14 @@ pub(crate) fn host_line(
 
 pub(crate) async fn attempt(
     app: &Arc<App>,
+    finisher: &Finisher,
     claimed: Claimed,
     held: Arc<Held>,
     hard_stop: &CancellationToken,
 ) {
     let Claimed { run, lease, steps } = claimed;
     let cancel = held.cancel.clone();
-    let journal = Arc::new(StoreJournal {
-        app: app.clone(),
-        tenant: run.tenant.clone(),
-        held: held.clone(),
-        pending: Default::default(),
-        writing: Default::default(),
-        flush: Default::default(),
-        closed: Default::default(),
-    });
-    let flusher = tokio::spawn(flush_records(journal.clone()));
+    let journal = StoreJournal::new(app.clone(), run.tenant.clone(), held.clone());
 
     let result = match ensure_loaded(app, &run.digest).await {
         Ok(()) => {
@@ -119,6 +111,9 @@ pub(crate) async fn attempt(
             duration: Duration::ZERO,
         },
     };
+    // What the attempt did not store yet goes with its end; a step the journal stored in
+    // the background after the guest went on may have met a refusal the guest never saw.
+    let (pending, failed) = journal.close().await;
 
     let abandoned = match &result.outcome {
         AttemptOutcome::Abandoned(why) => Some(why.clone()),
@@ -136,28 +131,49 @@ pub(crate) async fn attempt(
             result.duration,
             result.peak_memory_bytes,
         );
-        journal.close();
-        let _ = flusher.await;
         return;
     }
-    let outcome = match result.outcome {
+    let mut records = pending.into_records();
+    let host_note = |records: &mut Vec<Record>, message: String| {
+        let line = host_line(app.now(), run.attempt, LogLevel::Error, message);
+        records.push(Record::Logs(vec![line]));
+    };
+    let fail = |error: RunError, retry_after_ms: Option<u64>, records: &mut Vec<Record>| {
+        failure(
+            &run,
+            error,
+            retry_after_ms,
+            records,
+            result.fuel_used,
+            &host_note,
+        )
+    };
+    let attempt_result = match (failed, result.outcome) {
+        (Some(JournalError::StorageQuota(why)), _) => {
+            Err(RunError::new(ErrorReason::StorageQuota, why))
+        }
+        (Some(e), _) => Err(RunError::new(ErrorReason::Host, e.to_string())),
+        (None, outcome) => Ok(outcome),
+    };
+    let outcome = match attempt_result {
+        Err(error) => fail(error, None, &mut records),
         // Returned above.
-        AttemptOutcome::Abandoned(_) => return,
-        AttemptOutcome::Output(output) => {
+        Ok(AttemptOutcome::Abandoned(_)) => return,
+        Ok(AttemptOutcome::Output(output)) => {
             tracing::info!(duration = ?result.duration, fuel = result.fuel_used, "attempt succeeded");
             Outcome::Succeeded {
                 output,
                 fuel_used: Some(result.fuel_used),
             }
         }
-        AttemptOutcome::Suspended { until } => {
+        Ok(AttemptOutcome::Suspended { until }) => {
             tracing::info!(until, "run sleeps");
             Outcome::Suspended {
                 until,
                 fuel_used: Some(result.fuel_used),
             }
         }
-        AttemptOutcome::Waiting(wait) => {
+        Ok(AttemptOutcome::Waiting(wait)) => {
             tracing::info!(step = %wait.step, "run waits");
             Outcome::Waiting {
                 wait,
@@ -165,37 +181,11 @@ pub(crate) async fn attempt(
             }
         }
         // Interrupted by shutdown, not by the guest: hand the run back untouched.
-        AttemptOutcome::Failed(_) if hard_stop.is_cancelled() => Outcome::Released,
-        AttemptOutcome::Failed(AttemptError {
+        Ok(AttemptOutcome::Failed(_)) if hard_stop.is_cancelled() => Outcome::Released,
+        Ok(AttemptOutcome::Failed(AttemptError {
             error,
             retry_after_ms,
-        }) => {
-            let delay = run.settings.retry.retry_delay(
-                run.attempt,
-                error.reason,
-                retry_after_ms,
-                fastrand::f64(),
-            );
-            let what = match delay {
-                Some(d) => format!("; retrying in {d} ms (attempt {})", run.attempt + 1),
-                None if error.reason == ErrorReason::Fatal => "; fatal, not retried".into(),
-                // A storage quota refused one of its effects (the sandbox says so).
-                None if error.reason == ErrorReason::StorageQuota => "; not retried".into(),
-                None => "; no retries left".into(),
-            };
-            tracing::info!(error = %error, "attempt failed{what}");
-            journal.log(host_line(
-                app.now(),
-                run.attempt,
-                LogLevel::Error,
-                format!("attempt {} failed: {error}{what}", run.attempt),
-            ));
-            Outcome::Failed {
-                error,
-                retry_in_ms: delay,
-                fuel_used: Some(result.fuel_used),
-            }
-        }
+        })) => fail(error, retry_after_ms, &mut records),
     };
     let label = match &outcome {
         Outcome::Succeeded { .. } => "succeeded",
@@ -214,15 +204,21 @@ pub(crate) async fn attempt(
         result.duration,
         result.peak_memory_bytes,
     );
-    journal.close();
-    let _ = flusher.await;
     held.ending.store(true, Ordering::SeqCst);
-    let mut ended = finish_while_leased(app, &lease, &outcome).await;
+    let mut end = AttemptEnd {
+        lease: lease.clone(),
+        records,
+        outcome,
+    };
+    let mut ended = finish_while_leased(app, finisher, &end).await;
     if let Err(StoreError::StorageQuota(why)) = &ended {
-        // The output did not fit: the run fails instead (an error is always stored).
-        let failed = storage_quota_failure(&journal, &run, why.clone(), result.fuel_used);
-        journal.flush_pending().await;
-        ended = finish_while_leased(app, &lease, &failed).await;
+        // Its steps or its output did not fit: the run fails instead (an error and log
+        // lines are always stored; the steps are not).
+        let error = RunError::new(ErrorReason::StorageQuota, why.clone());
+        let mut records = without_steps(std::mem::take(&mut end.records));
+        end.outcome = fail(error, None, &mut records);
+        end.records = records;
+        ended = finish_while_leased(app, finisher, &end).await;
     }
     match ended {
         Ok(status) => {
@@ -242,27 +238,54 @@ pub(crate) async fn attempt(
     }
 }
 
-/// The end of an attempt that hit a storage quota: failed for good, with the reason
-/// logged.
-pub(crate) fn storage_quota_failure(
-    journal: &StoreJournal,
+/// The end of an attempt that failed with `error`: queued again after the run's retry
+/// policy's delay, or failed for good (always for a storage quota, which a retry would
+/// meet again); a host line in the run's log says which.
+fn failure(
     run: &wasq_core::Run,
-    why: String,
+    error: RunError,
+    retry_after_ms: Option<u64>,
+    records: &mut Vec<Record>,
     fuel_used: u64,
+    note: &dyn Fn(&mut Vec<Record>, String),
 ) -> Outcome {
-    let error = RunError::new(ErrorReason::StorageQuota, why);
-    tracing::warn!(error = %error, "attempt failed on a storage quota; not retried");
-    journal.log(host_line(
-        journal.app.now(),
-        run.attempt,
-        LogLevel::Error,
-        format!("attempt {} failed: {error}; not retried", run.attempt),
-    ));
+    let delay =
+        run.settings
+            .retry
+            .retry_delay(run.attempt, error.reason, retry_after_ms, fastrand::f64());
+    let what = match delay {
+        Some(d) => format!("; retrying in {d} ms (attempt {})", run.attempt + 1),
+        None if error.reason == ErrorReason::Fatal => "; fatal, not retried".into(),
+        // A storage quota refused one of its effects.
+        None if error.reason == ErrorReason::StorageQuota => "; not retried".into(),
+        None => "; no retries left".into(),
+    };
+    if error.reason == ErrorReason::StorageQuota {
+        tracing::warn!(error = %error, "attempt failed on a storage quota; not retried");
+    } else {
+        tracing::info!(error = %error, "attempt failed{what}");
+    }
+    note(
+        records,
+        format!("attempt {} failed: {error}{what}", run.attempt),
+    );
     Outcome::Failed {
         error,
-        retry_in_ms: None,
+        retry_in_ms: delay,
         fuel_used: Some(fuel_used),
     }
+}
+
+/// `records` with their steps left out (the lines logged before each are kept).
+fn without_steps(records: Vec<Record>) -> Vec<Record> {
+    records
+        .into_iter()
+        .filter_map(|r| match r {
+            Record::Step { logs, .. } if logs.is_empty() => None,
+            Record::Step { logs, .. } => Some(Record::Logs(logs)),
+            other => Some(other),
+        })
+        .collect()
 }
 
 pub(crate) async fn ensure_loaded(app: &App, digest: &str) -> Result<(), RunError> {

@@ -1,30 +1,95 @@
-//! The attempt's journal: what the guest's durable calls store, under the attempt's lease;
-//! logs and progress batched and flushed in the background, steps written at once.
+//! The attempt's journal: what the guest's durable calls store, under the attempt's lease.
+//!
+//! Logs and progress are batched and flushed in the background. A completed step is kept
+//! back (`Pending::step`) rather than stored at once: most attempts end right after their
+//! last step, and the step then goes with the end, in one transition instead of two
+//! (`Queue::end_attempts`). It never waits long, and never behind an effect: the next
+//! step, an event, a child run or an outbound request stores it first (`settle`), and so
+//! does the background flusher [`STEP_HOLD`] after it completed. A step is stored
+//! together with the log lines written before it: a crash never keeps a step without the
+//! lines its body logged, nor those lines without the step.
+
+use tokio_util::sync::CancellationToken;
 
 use super::*;
 
-/// Streams an attempt's logs and progress to the store in batches, and stores steps
-/// synchronously (a step is durable before the guest moves on), together with the log
-/// lines written before it: a crash never keeps a step without the lines its body logged,
-/// nor those lines without the step.
+/// How long a completed step may wait to be stored with the attempt's end before the
+/// flusher stores it on its own: the longest a guest computing after its last step leaves
+/// that step unstored (a crash then runs the step's body again, as a crash during its
+/// store would).
+pub(crate) const STEP_HOLD: Duration = Duration::from_millis(2);
+
+/// How long log lines and progress wait to be stored together.
+const LOG_BATCH: Duration = Duration::from_millis(50);
+
 pub(crate) struct StoreJournal {
     pub(crate) app: Arc<App>,
     pub(crate) tenant: String,
     pub(crate) held: Arc<Held>,
-    pub(crate) pending: std::sync::Mutex<Pending>,
-    /// Held while taking and writing pending records, so lines are stored in order.
-    pub(crate) writing: tokio::sync::Mutex<()>,
-    pub(crate) flush: tokio::sync::Notify,
-    pub(crate) closed: std::sync::atomic::AtomicBool,
+    pending: std::sync::Mutex<Pending>,
+    /// Held while taking and writing pending records, so records are stored in order.
+    writing: tokio::sync::Mutex<()>,
+    /// Wakes the flusher when something became pending.
+    flush: tokio::sync::Notify,
+    /// The attempt ended: the flusher stops, and its end takes what is pending.
+    closed: CancellationToken,
+    /// The flusher is running (started by the first pending record).
+    flusher: std::sync::atomic::AtomicBool,
+    /// What storing a kept-back step met in the background, answered to the guest's next
+    /// durable call and read by the attempt's end.
+    failed: std::sync::Mutex<Option<JournalError>>,
+    me: std::sync::Weak<StoreJournal>,
 }
 
+/// What the attempt has not stored yet, in the order it is stored.
 #[derive(Default)]
 pub(crate) struct Pending {
-    pub(crate) logs: Vec<LogLine>,
-    pub(crate) progress: Option<Progress>,
+    /// The last completed step, with the lines logged before it, and when it completed.
+    step: Option<(Record, Instant)>,
+    /// Lines logged after it.
+    logs: Vec<LogLine>,
+    progress: Option<Progress>,
+    /// When the first of these lines or this progress became pending.
+    since: Option<Instant>,
+}
+
+impl Pending {
+    /// The records, in the order they must be stored.
+    pub(crate) fn into_records(self) -> Vec<Record> {
+        let mut records = Vec::with_capacity(3);
+        records.extend(self.step.map(|(s, _)| s));
+        if !self.logs.is_empty() {
+            records.push(Record::Logs(self.logs));
+        }
+        records.extend(self.progress.map(Record::Progress));
+        records
+    }
+
+    /// When the flusher should store what is pending; `None` when nothing is.
+    fn due(&self) -> Option<Instant> {
+        match (&self.step, self.since) {
+            (Some((_, at)), _) => Some(*at + STEP_HOLD),
+            (None, since) => since.map(|at| at + LOG_BATCH),
+        }
+    }
 }
 
 impl StoreJournal {
+    pub(crate) fn new(app: Arc<App>, tenant: String, held: Arc<Held>) -> Arc<StoreJournal> {
+        Arc::new_cyclic(|me| StoreJournal {
+            app,
+            tenant,
+            held,
+            pending: Default::default(),
+            writing: Default::default(),
+            flush: Default::default(),
+            closed: CancellationToken::new(),
+            flusher: Default::default(),
+            failed: Default::default(),
+            me: me.clone(),
+        })
+    }
+
     /// What the sandbox should make of a store error on one of the guest's effects
     /// (`what`: the effect, for the message).
     fn journal_error(&self, e: StoreError, what: impl FnOnce() -> String) -> JournalError {
@@ -38,19 +103,59 @@ impl StoreJournal {
         }
     }
 
-    pub(crate) fn take(&self) -> Pending {
-        std::mem::take(&mut *self.pending.lock().unwrap())
+    /// Something became pending: make sure the flusher runs, and let it recompute when.
+    fn pending_changed(&self) {
+        if !self.flusher.swap(true, Ordering::SeqCst)
+            && let Some(me) = self.me.upgrade()
+        {
+            tokio::spawn(flush_records(me));
+        }
+        self.flush.notify_one();
     }
 
-    /// Writes what is pending (batched by the caller's timing).
-    pub(crate) async fn flush_pending(&self) {
+    /// What a kept-back step met when the flusher stored it, if anything.
+    fn failure(&self) -> Result<(), JournalError> {
+        match self.failed.lock().unwrap().clone() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Stores the kept-back step, if any (the caller holds `writing`).
+    async fn store_step(&self) -> Result<(), JournalError> {
+        self.failure()?;
+        let Some((step, _)) = self.pending.lock().unwrap().step.take() else {
+            return Ok(());
+        };
+        let name = match &step {
+            Record::Step { name, .. } => name.clone(),
+            _ => String::new(),
+        };
+        let stored = with_retries(|| self.app.store.record(&self.held.lease, step.clone())).await;
+        stored.map_err(|e| {
+            let e = self.journal_error(e, || format!("could not store step {name:?}"));
+            *self.failed.lock().unwrap() = Some(e.clone());
+            e
+        })
+    }
+
+    /// Writes everything pending, in order (the flusher's timing batches it).
+    async fn flush_pending(&self) {
         let _order = self.writing.lock().await;
-        let Pending { logs, progress } = self.take();
-        let lease = &self.held.lease;
-        if self.held.is_lost() {
-            // Nothing of an abandoned attempt is recorded.
+        if self.closed.is_cancelled() || self.held.is_lost() {
+            // The attempt's end takes what is pending; nothing of an abandoned attempt
+            // is recorded.
             return;
         }
+        if self.store_step().await.is_err() {
+            return;
+        }
+        let (logs, progress) = {
+            let mut p = self.pending.lock().unwrap();
+            p.since = None;
+            (std::mem::take(&mut p.logs), p.progress.take())
+        };
+        let lease = &self.held.lease;
         if !logs.is_empty() {
             match with_retries(|| self.app.store.record(lease, Record::Logs(logs.clone()))).await {
                 Ok(()) => {}
@@ -63,25 +168,31 @@ impl StoreJournal {
         }
     }
 
-    /// Ends the flusher after a last flush.
-    pub(crate) fn close(&self) {
-        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
-        self.flush.notify_one();
+    /// Ends the journal: the flusher stops, and what is pending is handed to the end of
+    /// the attempt (after any write in progress), with what a kept-back step met in the
+    /// background.
+    pub(crate) async fn close(&self) -> (Pending, Option<JournalError>) {
+        self.closed.cancel();
+        let _order = self.writing.lock().await;
+        let pending = std::mem::take(&mut *self.pending.lock().unwrap());
+        (pending, self.failed.lock().unwrap().take())
     }
 }
 
-/// Flushes pending lines every 50 ms while there are any, until the journal is closed.
-pub(crate) async fn flush_records(journal: Arc<StoreJournal>) {
+/// Stores what is pending when it is due (a kept-back step soon, log lines in batches),
+/// until the journal is closed.
+async fn flush_records(journal: Arc<StoreJournal>) {
     loop {
-        journal.flush.notified().await;
-        let closed = journal.closed.load(std::sync::atomic::Ordering::SeqCst);
-        if !closed {
-            // Batch what arrives within a short window rather than one write per line.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        journal.flush_pending().await;
-        if closed {
-            return;
+        let due = journal.pending.lock().unwrap().due();
+        tokio::select! {
+            () = journal.closed.cancelled() => return,
+            () = journal.flush.notified() => continue,
+            () = async {
+                match due {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            } => journal.flush_pending().await,
         }
     }
 }
@@ -94,17 +205,34 @@ impl Journal for StoreJournal {
         occurrence: u32,
         output: &[u8],
     ) -> Result<(), JournalError> {
+        // The step before this one is stored first: a step is never kept back behind
+        // another step's body.
         let _order = self.writing.lock().await;
-        let logs = std::mem::take(&mut self.pending.lock().unwrap().logs);
-        let rec = Record::Step {
-            name: name.into(),
-            occurrence,
-            output: output.to_vec(),
-            logs,
-        };
-        with_retries(|| self.app.store.record(&self.held.lease, rec.clone()))
-            .await
-            .map_err(|e| self.journal_error(e, || format!("could not store step {name:?}")))
+        self.store_step().await?;
+        {
+            let mut p = self.pending.lock().unwrap();
+            let logs = std::mem::take(&mut p.logs);
+            if p.progress.is_none() {
+                p.since = None;
+            }
+            let step = Record::Step {
+                name: name.into(),
+                occurrence,
+                output: output.to_vec(),
+                logs,
+            };
+            p.step = Some((step, Instant::now()));
+        }
+        self.pending_changed();
+        Ok(())
+    }
+
+    async fn settle(&self) -> Result<(), JournalError> {
+        if self.pending.lock().unwrap().step.is_none() {
+            return self.failure();
+        }
+        let _order = self.writing.lock().await;
+        self.store_step().await
     }
 
     async fn send_event(
@@ -113,6 +241,7 @@ impl Journal for StoreJournal {
         data: serde_json::Value,
         id: &str,
     ) -> Result<(), JournalError> {
+        self.settle().await?;
         let req = EventRequest {
             tenant: self.tenant.clone(),
             name: event.into(),
@@ -132,6 +261,7 @@ impl Journal for StoreJournal {
         input: &[u8],
         key: &str,
     ) -> Result<String, JournalError> {
+        self.settle().await?;
         // New work: refused while the store is nearly full (the attempt fails and is
         // retried later; the store guard's reason says why).
         if let Some(reason) = self.app.guard.refusing() {
@@ -178,13 +308,21 @@ impl Journal for StoreJournal {
     }
 
     fn log(&self, line: LogLine) {
-        self.pending.lock().unwrap().logs.push(line);
-        self.flush.notify_one();
+        {
+            let mut p = self.pending.lock().unwrap();
+            p.since.get_or_insert_with(Instant::now);
+            p.logs.push(line);
+        }
+        self.pending_changed();
     }
 
     fn progress(&self, progress: Progress) {
-        self.pending.lock().unwrap().progress = Some(progress);
-        self.flush.notify_one();
+        {
+            let mut p = self.pending.lock().unwrap();
+            p.since.get_or_insert_with(Instant::now);
+            p.progress = Some(progress);
+        }
+        self.pending_changed();
     }
 
     fn ensure_owned(&self) -> Result<(), String> {

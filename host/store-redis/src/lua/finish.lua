@@ -1,72 +1,152 @@
-local ID = ARGV[5]
-local rk = runkey(ID)
--- MOVE_FIELDS first (handed to the one move of this run below), then the lease and the
--- flags that pick the transition, then the blobs the transition sets or drops (their
--- lengths spare `apply` an HSTRLEN each; they are nearly always absent).
-local m = redis.call('HMGET', rk, 'status', 'created_at', 'wait_event', 'wait_run', 'cgate',
-  'parked', 'lease_token', 'resumed', 'cancel_requested', 'error', 'output', 'resolution')
-if not m[1] then return { 'not_found' } end
-if m[1] ~= 'running' or m[7] ~= ARGV[6] then return { 'lease_lost' } end
--- The outcome's transition, then for a run that resumed and for one whose cancel was
--- requested: '0' (the same) or '1' and that case's transition.
-local t = read_transition(8)
-local o, alt = 8 + T_ARGS, {}
-for _, case in ipairs({ 'resumed', 'cancel' }) do
+-- Ends attempts of the tenant's runs, each with the records its attempt had not stored
+-- yet (Queue::end_attempts): one end is stored whole or not at all, and each is answered
+-- on its own. ARGV[5]: what each answers ('run' or 'status'), ARGV[6]: how many ends.
+local REPLY, wake, answers = ARGV[5], 0, {}
+
+-- The arguments of the end at ARGV[o] (see FINISH in scripts.rs): its records, its
+-- transitions, its wait; and where the next end starts.
+local function parse(o)
+  local e = { id = ARGV[o], token = ARGV[o + 1], recs = {} }
+  local nrec = tonumber(ARGV[o + 2])
+  o = o + 3
+  for i = 1, nrec do
+    local kind = ARGV[o]
+    if kind == 'step' then
+      local n = tonumber(ARGV[o + 5])
+      e.recs[i] = { kind = kind, field = ARGV[o + 1], out = ARGV[o + 2], mrun = ARGV[o + 3],
+        mten = ARGV[o + 4], first = o + 6, last = o + 5 + n }
+      o = o + 6 + n
+    elseif kind == 'logs' then
+      local n = tonumber(ARGV[o + 3])
+      e.recs[i] = { kind = kind, mrun = ARGV[o + 1], mten = ARGV[o + 2], first = o + 4,
+        last = o + 3 + n }
+      o = o + 4 + n
+    else
+      e.recs[i] = { kind = kind, blob = ARGV[o + 1] }
+      o = o + 2
+    end
+  end
+  -- The outcome's transition, then for a run that resumed and for one whose cancel was
+  -- requested: '0' (the same) or '1' and that case's transition; then '0' or '1' and the
+  -- wait's arguments.
+  e.t = o
+  o = o + T_ARGS
+  for _, case in ipairs({ 'resumed', 'cancel' }) do
+    if ARGV[o] == '1' then
+      e[case] = o + 1
+      o = o + 1 + T_ARGS
+    else
+      o = o + 1
+    end
+  end
   if ARGV[o] == '1' then
-    alt[case] = o + 1
-    o = o + 1 + T_ARGS
+    e.wait = o + 1
+    o = o + 7
   else
     o = o + 1
   end
+  return e, o
 end
-if m[9] == '1' and alt.cancel then
-  t = read_transition(alt.cancel)
-elseif m[8] == '1' and alt.resumed then
-  t = read_transition(alt.resumed)
-end
--- An output over a storage quota is refused before anything changes; the worker then
--- fails the run (an error is always stored). It is kept twice, as the run's output and
--- in the resolution its waiters receive, and charged by `move`.
-if t.hasout == '1' then
-  local full = run_full(ID, nil, mem(#t.out) + mem(#t.res))
-  if full then return full end
-end
-local W = o
-local extra = nil
-if t.status == 'waiting' then extra = { 'wait', ARGV[W], 'wait_step', ARGV[W + 1] } end
-local wake = 0
-local lens = {}
-for i, f in ipairs({ 'error', 'output', 'resolution' }) do lens[f] = m[9 + i] and #m[9 + i] or 0 end
-if apply(ID, t, m, extra, lens) then wake = 1 end
-if t.status == 'waiting' then
-  local until_, on, target = ARGV[W + 2], ARGV[W + 3], ARGV[W + 4]
-  if until_ ~= '' then redis.call('ZADD', P .. 'timeouts', until_, ID) end
-  if on == 'event' then
-    local ver = redis.call('HINCRBY', P .. 'waitver', target, 1)
-    charge(ID, unpack_cost(ID, { 'wait_event', target }))
-    redis.call('HSET', rk, 'wait_event', target, 'wait_ver', ver)
-    redis.call('SADD', P .. 'waiters:' .. target, ID)
-  else
-    redis.call('HSET', rk, 'wait_run', target)
-    redis.call('SADD', P .. 'rw:' .. target, ID)
-    -- A run that already ended resolves the wait at once.
-    local r = redis.call('HMGET', runkey(target), 'status', 'resolution')
-    if not r[1] then
-      resolve_wait(ID, ARGV[W + 5])
-      wake = 1
-    elseif r[2] then
-      resolve_wait(ID, r[2])
-      wake = 1
+
+-- What an end's new steps and its output add to its run's bytes; the steps already
+-- stored (a replayed record) are marked `old` and add nothing.
+local function adding(e, t, nosteps)
+  local n, any = 0, t.hasout == '1'
+  if any then n = mem(#t.out) + mem(#t.res) end
+  local sk, seen = P .. 'steps:' .. e.id, {}
+  for _, r in ipairs(e.recs) do
+    if r.kind == 'step' then
+      if seen[r.field] or redis.call('HEXISTS', sk, r.field) == 1 then
+        r.old = true
+      else
+        seen[r.field] = true
+        any = true
+        n = n + C_STEP + 2 * #r.field + mem(#r.out)
+        -- The run's first step creates its step keys.
+        if nosteps then n, nosteps = n + 2 * KEY, false end
+      end
     end
   end
+  return any and n
 end
-wake = wake + resolve_waiters_of(ID)
-local pub = publish(wake, false)
--- ARGV[7] 'status': the run's status only (a wait may have resolved at once). A success
--- stores the output the caller sent: the reply leaves it out.
-if ARGV[7] == 'status' then
+
+local function finish(e)
+  local id = e.id
+  local rk = runkey(id)
+  -- MOVE_FIELDS first (handed to the one move of this run below), then the lease and the
+  -- flags that pick the transition, then the blobs the transition sets or drops (their
+  -- lengths spare `apply` an HSTRLEN each; they are nearly always absent).
+  local m = redis.call('HMGET', rk, 'status', 'created_at', 'wait_event', 'wait_run', 'cgate',
+    'parked', 'lease_token', 'resumed', 'cancel_requested', 'error', 'output', 'resolution',
+    'nosteps', 'attempt')
+  if not m[1] then return { 'not_found' } end
+  if m[1] ~= 'running' or m[7] ~= e.token then return { 'lease_lost' } end
+  local t = read_transition(e.t)
+  if m[9] == '1' and e.cancel then
+    t = read_transition(e.cancel)
+  elseif m[8] == '1' and e.resumed then
+    t = read_transition(e.resumed)
+  end
+  -- Steps and an output over a storage quota are refused before anything changes; the
+  -- worker then fails the run (an error is always stored). An output is kept twice, as
+  -- the run's output and in the resolution its waiters receive.
+  local n = adding(e, t, m[13] == '1')
+  if n then
+    local full = run_full(id, nil, n)
+    if full then return full end
+  end
+  for _, r in ipairs(e.recs) do
+    if r.kind == 'step' then
+      append_logs(id, r.first, r.mrun, r.mten, r.last)
+      if not r.old then write_step(id, r.field, r.out, m[14]) end
+    elseif r.kind == 'logs' then
+      append_logs(id, r.first, r.mrun, r.mten, r.last)
+    else
+      -- Progress replaces itself (bounded by the sandbox): charged, never refused.
+      charge(id, blob_delta(id, { 'progress', r.blob }))
+      redis.call('HSET', rk, 'progress', r.blob)
+    end
+  end
+  local extra = nil
+  if t.status == 'waiting' then extra = { 'wait', ARGV[e.wait], 'wait_step', ARGV[e.wait + 1] } end
+  local lens = {}
+  for i, f in ipairs({ 'error', 'output', 'resolution' }) do lens[f] = m[9 + i] and #m[9 + i] or 0 end
+  if apply(id, t, m, extra, lens) then wake = wake + 1 end
   local status = t.status
-  if status == 'waiting' then status = redis.call('HGET', rk, 'status') end
-  return { 'ok', pub or false, status }
+  if status == 'waiting' then
+    local W = e.wait
+    local until_, on, target = ARGV[W + 2], ARGV[W + 3], ARGV[W + 4]
+    if until_ ~= '' then redis.call('ZADD', P .. 'timeouts', until_, id) end
+    if on == 'event' then
+      local ver = redis.call('HINCRBY', P .. 'waitver', target, 1)
+      charge(id, unpack_cost(id, { 'wait_event', target }))
+      redis.call('HSET', rk, 'wait_event', target, 'wait_ver', ver)
+      redis.call('SADD', P .. 'waiters:' .. target, id)
+    else
+      redis.call('HSET', rk, 'wait_run', target)
+      redis.call('SADD', P .. 'rw:' .. target, id)
+      -- A run that already ended resolves the wait at once.
+      local r = redis.call('HMGET', runkey(target), 'status', 'resolution')
+      local res = r[2]
+      if not r[1] then res = ARGV[W + 5] end
+      if res then
+        resolve_wait(id, res)
+        wake = wake + 1
+        status = 'sleeping'
+      end
+    end
+  end
+  wake = wake + resolve_waiters_of(id)
+  -- A success stores the output the caller sent: the reply leaves it out.
+  if REPLY == 'status' then return { 'ok', status } end
+  return { 'ok', run_fields(id, t.hasout == '1') }
 end
-return { 'ok', pub or false, run_fields(ID, t.hasout == '1') }
+
+local o = 7
+for i = 1, tonumber(ARGV[6]) do
+  local e
+  e, o = parse(o)
+  answers[i] = finish(e)
+end
+local pub = publish(wake, false)
+return { 'ok', pub or false, answers }

@@ -340,11 +340,12 @@ local function write_step(id, field, output, attempt)
   end
 end
 
--- Appends log lines (ARGV[first..]) while the run's log budget (max_run_log_bytes) and
--- the tenant's room last; past either, the marker line Rust made for that case, once,
--- and nothing after it (`lcut`).
-local function append_logs(id, first, mrun, mtenant)
-  if first > #ARGV then return end
+-- Appends log lines (ARGV[first..last], to the end when `last` is nil) while the run's
+-- log budget (max_run_log_bytes) and the tenant's room last; past either, the marker line
+-- Rust made for that case, once, and nothing after it (`lcut`).
+local function append_logs(id, first, mrun, mtenant, last)
+  last = last or #ARGV
+  if first > last then return end
   local rk = runkey(id)
   local r = redis.call('HMGET', rk, 'lbytes', 'lcut')
   if r[2] == '1' then return end
@@ -355,7 +356,7 @@ local function append_logs(id, first, mrun, mtenant)
   -- The run's first line creates its list.
   local key = 0
   if redis.call('EXISTS', P .. 'logs:' .. id) == 0 then key = KEY end
-  for i = first, #ARGV do
+  for i = first, last do
     local c = C_LOG + #ARGV[i] + key
     if rmax and used + added + c > rmax then cut = mrun
     elseif tmax and tused + added + c > tmax then cut = mtenant end

@@ -8,18 +8,17 @@ if kind == 'progress' then
   redis.call('HSET', rk, 'progress', ARGV[8], 'updated_at', I(NOW))
   return { 'ok' }
 end
-local first_log = 10
+-- After the two cut markers comes the number of lines, then the lines (to the end).
 if kind == 'step' then
-  first_log = 12
   local field, output = ARGV[8], ARGV[9]
   -- A step stored already (a replayed record) adds nothing; a new one must fit.
   if redis.call('HEXISTS', P .. 'steps:' .. id, field) == 0 then
     local full = run_full(id, nil, step_cost(id, field, output))
     if full then return full end
   end
-  append_logs(id, first_log, ARGV[10], ARGV[11])
+  append_logs(id, 13, ARGV[10], ARGV[11])
   write_step(id, field, output, redis.call('HGET', rk, 'attempt'))
 else
-  append_logs(id, first_log, ARGV[8], ARGV[9])
+  append_logs(id, 11, ARGV[8], ARGV[9])
 end
 return { 'ok' }

@@ -2,6 +2,10 @@
 //! owns its run may do (nothing): `{"effect": "step" | "sleep" | "wait" | "invoke" | "call"
 //! | "send" | "http", "url": "http://..."}`. `step` calls `url` from inside its body;
 //! `http` calls it outside any step. Returns `{"done": EFFECT}`.
+//!
+//! And for the tests of when a completed step is stored: `step_then_http` completes step
+//! `first`, then calls `url`; `step_then_compute` completes it, then computes for
+//! `ms` milliseconds before it returns.
 
 use std::time::Duration;
 
@@ -15,6 +19,8 @@ struct Input {
     effect: String,
     #[serde(default)]
     url: String,
+    #[serde(default)]
+    ms: u64,
 }
 
 fn effects(input: Input) -> Result<Value, Error> {
@@ -39,6 +45,18 @@ fn effects(input: Input) -> Result<Value, Error> {
         "send" => events::send("send", "hello", &json!({}))?,
         "http" => {
             http::get(url)?;
+        }
+        "step_then_http" => {
+            step::run("first", || Ok(1))?;
+            http::get(url)?;
+        }
+        "step_then_compute" => {
+            step::run("first", || Ok(1))?;
+            let start = std::time::Instant::now();
+            let mut x: u64 = 0;
+            while start.elapsed() < Duration::from_millis(input.ms) {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
         }
         other => return Err(Error::fatal(format!("unknown effect {other:?}"))),
     }

@@ -1,0 +1,347 @@
+//! Redis's instructions per run, counted by valgrind's callgrind: wasq's enqueue and drain
+//! (no-op guest, then one durable step per run) beside BullMQ's add + process, on one
+//! `redis-server` running under callgrind.
+//!
+//! Redis CPU time per run is the figure that bounds a shard, but on a shared 2-core VM the
+//! same binary's µs vary by 2× from one run to the next. Instructions do not: the count
+//! is the same for the same scripts and workload whatever else the machine does, so a
+//! change to a script shows as a number, not as noise. (Instructions are not time: a
+//! cache miss costs more than an add. The `redis` bench reports the time.)
+//!
+//! `cargo bench -p wasq-bench --bench redis_ir` (N defaults to 2000, `WASQ_BENCH_N` sets
+//! it; needs `valgrind`). Redis runs about 50× slower under callgrind. With
+//! `WASQ_BENCH_CALLGRIND_DIR=DIR` the dumps (one per phase, in order) are kept in DIR for
+//! `callgrind_annotate`.
+
+mod queue;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use queue::{npm_peer, peer_json, redis_api, redis_worker, until_idle_every, write_json};
+use tokio_util::sync::CancellationToken;
+use wasq_core::{
+    AttemptEnd, ClaimRequest, DEFAULT_TENANT, EnqueueRequest, Outcome, Queue, Record, SystemClock,
+};
+use wasq_store_redis::RedisStore;
+
+const CONCURRENCY: usize = 50;
+
+/// A `redis-server` under callgrind, with counters that can be zeroed and read.
+struct Counted {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Counted {
+    fn start() -> Counted {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let out = dir.path().join("cg.out");
+        let child = Command::new("valgrind")
+            .args([
+                "--tool=callgrind",
+                "--dump-instr=no",
+                "--compress-strings=no",
+            ])
+            .arg(format!("--callgrind-out-file={}", out.display()))
+            .args([
+                "redis-server",
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .args(["--port", &port.to_string(), "--dir"])
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("valgrind runs (apt install valgrind)");
+        let counted = Counted { child, port, dir };
+        for _ in 0..600 {
+            if counted.cli(&["PING"]).trim() == "PONG" {
+                return counted;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("redis-server under callgrind did not answer within 60 s");
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn control(&self, flag: &str) {
+        let ok = Command::new("callgrind_control")
+            .arg(flag)
+            .arg(self.child.id().to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("callgrind_control runs");
+        assert!(ok.success(), "callgrind_control {flag} failed");
+    }
+
+    /// Starts counting from zero.
+    fn zero(&self) {
+        self.control("--zero");
+    }
+
+    /// The instructions counted since the last `zero`.
+    fn read(&self) -> u64 {
+        let before = self.dumps();
+        self.control("--dump");
+        // The dump is written by the server's own thread, a moment later.
+        for _ in 0..600 {
+            let dumps = self.dumps();
+            if let Some(new) = dumps.iter().find(|d| !before.contains(d))
+                && let Some(n) = totals(new)
+            {
+                return n;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("callgrind wrote no dump");
+    }
+
+    fn dumps(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(self.dir.path())
+            .unwrap()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.to_string_lossy().contains("cg.out."))
+            .collect()
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // For `callgrind_annotate`: where in Redis the instructions went, phase by phase.
+        if let Some(keep) = std::env::var_os("WASQ_BENCH_CALLGRIND_DIR") {
+            let _ = std::fs::create_dir_all(&keep);
+            for d in self.dumps() {
+                let _ = std::fs::copy(&d, PathBuf::from(&keep).join(d.file_name().unwrap()));
+            }
+        }
+    }
+}
+
+/// The `totals:` (or `summary:`) line of a complete callgrind dump.
+fn totals(path: &PathBuf) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("totals:")
+                .or_else(|| l.strip_prefix("summary:"))
+        })
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+/// wasq with `guest`: instructions per run to enqueue N (store API), then to drain them.
+async fn wasq(redis: &Counted, n: usize, guest: &str) -> (f64, f64) {
+    let dir = tempfile::tempdir().unwrap();
+    let shutdown = CancellationToken::new();
+    let url = redis.url();
+    let (server, _api) = redis_api(dir.path().join("server"), &url, guest, shutdown.clone()).await;
+    let store = Arc::new(
+        RedisStore::connect(&url, Arc::new(SystemClock))
+            .await
+            .unwrap(),
+    );
+    redis.zero();
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..10 {
+        let (store, guest) = (store.clone(), guest.to_owned());
+        tasks.spawn(async move {
+            for i in (t..n).step_by(10) {
+                let req = EnqueueRequest {
+                    tenant: DEFAULT_TENANT.into(),
+                    function: guest.clone(),
+                    input: format!(r#"{{"i":{i}}}"#).into_bytes(),
+                    trigger: "bench".into(),
+                    ..EnqueueRequest::default()
+                };
+                store.enqueue(req).await.unwrap();
+            }
+        });
+    }
+    tasks.join_all().await;
+    let enqueue = redis.read() as f64 / n as f64;
+
+    let mut config = redis_worker(dir.path().join("worker"), &url, CONCURRENCY);
+    config.scheduler = false;
+    redis.zero();
+    let worker = wasq_server::start(config, shutdown.clone()).await.unwrap();
+    // Checked rarely: each check costs Redis a listing, which must not weigh on the count.
+    until_idle_every(&*store, Duration::from_millis(500)).await;
+    let drain = redis.read() as f64 / n as f64;
+    shutdown.cancel();
+    let _ = worker.wait().await;
+    let _ = server.wait().await;
+    (enqueue, drain)
+}
+
+/// Each transition on its own, through the store API: instructions per run to enqueue N
+/// no-op runs, to claim them (50 at a time) and to end them (50 at a time, each with one
+/// step when `step`).
+async fn transitions(redis: &Counted, n: usize, step: bool) -> [f64; 3] {
+    let dir = tempfile::tempdir().unwrap();
+    let shutdown = CancellationToken::new();
+    let url = redis.url();
+    let (server, _api) = redis_api(dir.path().join("server"), &url, "echo", shutdown.clone()).await;
+    let store = RedisStore::connect(&url, Arc::new(SystemClock))
+        .await
+        .unwrap();
+    redis.zero();
+    for i in 0..n {
+        let req = EnqueueRequest {
+            tenant: DEFAULT_TENANT.into(),
+            function: "echo".into(),
+            input: format!(r#"{{"i":{i}}}"#).into_bytes(),
+            trigger: "bench".into(),
+            ..EnqueueRequest::default()
+        };
+        store.enqueue(req).await.unwrap();
+    }
+    let enqueue = redis.read() as f64 / n as f64;
+    // Rounds of one claim and its ends: the tenant's max_running (64 by default) holds
+    // no more.
+    let (mut claim, mut end) = (0u64, 0u64);
+    let mut done = 0;
+    while done < n {
+        redis.zero();
+        let req = ClaimRequest {
+            worker: "bench".into(),
+            limit: CONCURRENCY,
+            lease_ms: 30_000,
+        };
+        let claimed = store.claim(req).await.unwrap();
+        claim += redis.read();
+        assert!(
+            !claimed.is_empty(),
+            "nothing to claim after {done} of {n} runs"
+        );
+        done += claimed.len();
+        let ends = claimed
+            .iter()
+            .map(|c| AttemptEnd {
+                lease: c.lease.clone(),
+                records: if step {
+                    vec![Record::Step {
+                        name: "echo".into(),
+                        occurrence: 0,
+                        output: c.run.input.clone(),
+                        logs: vec![],
+                    }]
+                } else {
+                    vec![]
+                },
+                outcome: Outcome::Succeeded {
+                    output: c.run.input.clone(),
+                    fuel_used: Some(1),
+                },
+            })
+            .collect();
+        redis.zero();
+        for r in store.end_attempts(ends).await {
+            r.unwrap();
+        }
+        end += redis.read();
+    }
+    let (claim, end) = (claim as f64 / n as f64, end as f64 / n as f64);
+    shutdown.cancel();
+    let _ = server.wait().await;
+    [enqueue, claim, end]
+}
+
+fn bullmq(redis: &Counted, n: usize) -> f64 {
+    let dir = npm_peer("bullmq");
+    redis.zero();
+    let args = [
+        "drain.mjs".to_owned(),
+        redis.port.to_string(),
+        n.to_string(),
+    ];
+    peer_json(
+        &dir,
+        "node",
+        &[&args[..], &[CONCURRENCY.to_string()]].concat(),
+    );
+    redis.read() as f64 / n as f64
+}
+
+fn main() {
+    let n: usize = std::env::var("WASQ_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let redis = Counted::start();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let [t_enqueue, t_claim, t_end] = rt.block_on(transitions(&redis, n, false));
+    let [_, _, t_end_step] = rt.block_on(transitions(&redis, n, true));
+    let (enqueue, drain) = rt.block_on(wasq(&redis, n, "echo"));
+    let (step_enqueue, step_drain) = rt.block_on(wasq(&redis, n, "one_step"));
+    redis.cli(&["FLUSHALL"]);
+    redis.cli(&["FUNCTION", "FLUSH"]);
+    let bull = bullmq(&redis, n);
+    let k = |v: f64| v / 1000.0;
+    println!("Redis instructions per run (thousands), {n} runs, counted by callgrind:");
+    println!(
+        "  wasq no-op:     enqueue {:.1}k, claim + finish {:.1}k, whole life {:.1}k",
+        k(enqueue),
+        k(drain),
+        k(enqueue + drain)
+    );
+    println!(
+        "  wasq one step:  enqueue {:.1}k, claim + step + finish {:.1}k, whole life {:.1}k",
+        k(step_enqueue),
+        k(step_drain),
+        k(step_enqueue + step_drain)
+    );
+    println!(
+        "  each alone (store API, batches of {CONCURRENCY}): enqueue {:.1}k, claim {:.1}k, end {:.1}k, end with a step {:.1}k",
+        k(t_enqueue),
+        k(t_claim),
+        k(t_end),
+        k(t_end_step)
+    );
+    println!("  BullMQ add + process: {:.1}k", k(bull));
+    println!(
+        "  ratio wasq ÷ BullMQ, whole life: no-op {:.2}, one step {:.2}",
+        (enqueue + drain) / bull,
+        (step_enqueue + step_drain) / bull
+    );
+    write_json(
+        "redis_ir",
+        &serde_json::json!({
+            "n": n,
+            "wasq_noop": { "enqueue": enqueue, "drain": drain },
+            "wasq_one_step": { "enqueue": step_enqueue, "drain": step_drain },
+            "transitions": { "enqueue": t_enqueue, "claim": t_claim, "end": t_end, "end_with_step": t_end_step },
+            "bullmq": bull,
+        }),
+    );
+}
