@@ -279,6 +279,63 @@ async fn missing_bad_and_revoked_keys_get_401() {
 }
 
 /// Every key the test created, in full; none may appear in the stored bytes.
+/// Servers sharing a Redis each keep the keys they used for a second (no store round trip
+/// per request): a key revoked through one is refused by the other within that second,
+/// though it had just used the key, and by the one that revoked it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_revoked_on_another_server_is_refused_within_a_second() {
+    let redis = RedisServer::start(RedisOptions::default());
+    let shared = |c: &mut wasq_server::Config| {
+        c.store = StoreBackend::Redis(redis.url());
+        c.auth.secret = Some(b"a secret both servers share".to_vec());
+        c.auth.admin_key = Some("wasq_admin_of_both".into());
+    };
+    let one = Daemon::start_with(shared).await;
+    let two = Daemon::start_with(shared).await;
+    one.admin.new_tenant("acme").await;
+    let (_, created) = one
+        .admin
+        .post("/v1/tenants/acme/keys", r#"{"label": "both"}"#)
+        .await;
+    let key = created["key"].as_str().unwrap().to_owned();
+    let on_one = one.api.as_key(Some(key.clone()));
+    let on_two = two.api.as_key(Some(key));
+    assert_eq!(
+        on_two.get("/v1/functions").await.0,
+        200,
+        "server two knows the key"
+    );
+    assert_eq!(on_one.get("/v1/functions").await.0, 200);
+
+    let id = created["id"].as_str().unwrap();
+    let (status, _) = one
+        .admin
+        .post(&format!("/v1/tenants/acme/keys/{id}/revoke"), "")
+        .await;
+    assert_eq!(status, 200);
+    let revoked = std::time::Instant::now();
+    assert_eq!(
+        on_one.get("/v1/functions").await.0,
+        401,
+        "at once where it was revoked"
+    );
+    loop {
+        let (status, body) = on_two.get("/v1/functions").await;
+        if status == 401 {
+            break;
+        }
+        assert_eq!(status, 200, "{body}");
+        assert!(
+            revoked.elapsed() < Duration::from_millis(1500),
+            "server two still takes the revoked key after {:?}",
+            revoked.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    one.stop().await;
+    two.stop().await;
+}
+
 async fn make_keys(d: &Daemon) -> Vec<String> {
     let mut keys = vec![d.api.key.clone().unwrap()];
     let t = d.admin.new_tenant("acme").await;

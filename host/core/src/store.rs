@@ -71,6 +71,13 @@ pub trait Queue: Send + Sync + 'static {
         tokio::time::sleep(max).await;
         Ok(())
     }
+
+    /// Whether [`Queue::wait_for_work`] returns as soon as this backend made a run
+    /// claimable (created, resumed, given back), so that a worker need not be woken by
+    /// whatever caused it. The default's `wait_for_work` only sleeps.
+    fn announces_work(&self) -> bool {
+        false
+    }
 }
 
 /// What users do to runs and read of them: cancel, retry, listings, history.

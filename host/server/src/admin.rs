@@ -283,6 +283,7 @@ async fn revoke_key(
         .await?
         .is_some_and(|k| k.tenant == tenant.name && k.revoked_at.is_some());
     let key = app.store.revoke_key(&tenant.name, &id, app.now()).await?;
+    app.keys.forget(&id);
     if !was_revoked {
         audit(&app, &tenant.name, &caller, "key.revoke", id).await;
     }

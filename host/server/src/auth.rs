@@ -17,6 +17,8 @@ use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
+use wasq_core::{ApiKey, StoreError};
+
 use crate::App;
 use crate::error::ApiError;
 
@@ -86,6 +88,62 @@ impl Keyring {
     }
 }
 
+/// Keys this server looked up in the last [`KeyCache::FRESH`], so that a request costs no
+/// store round trip for its key. A key revoked through this server is forgotten at once;
+/// one revoked through another server sharing the store is refused here within `FRESH`.
+/// Unknown keys are not kept (a guessed id costs a lookup, as before).
+#[derive(Default)]
+pub(crate) struct KeyCache {
+    keys: std::sync::Mutex<std::collections::HashMap<String, (ApiKey, std::time::Instant)>>,
+    /// Bumped by every `forget`: a lookup that raced a revocation does not keep its key.
+    forgotten: std::sync::atomic::AtomicU64,
+}
+
+impl KeyCache {
+    pub(crate) const FRESH: std::time::Duration = std::time::Duration::from_secs(1);
+    /// Keys kept at most (then the cache starts over).
+    const MAX: usize = 10_000;
+
+    fn map(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, (ApiKey, std::time::Instant)>>
+    {
+        self.keys.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The stored key `id`, from the cache while fresh, else from the store.
+    async fn get(&self, app: &App, id: &str) -> Result<Option<ApiKey>, StoreError> {
+        if let Some((key, at)) = self.map().get(id)
+            && at.elapsed() < Self::FRESH
+        {
+            return Ok(Some(key.clone()));
+        }
+        let generation = self.forgotten.load(std::sync::atomic::Ordering::SeqCst);
+        let key = app.store.key(id).await?;
+        let mut map = self.map();
+        match &key {
+            Some(k) if generation == self.forgotten.load(std::sync::atomic::Ordering::SeqCst) => {
+                if map.len() >= Self::MAX {
+                    map.clear();
+                }
+                map.insert(id.to_owned(), (k.clone(), std::time::Instant::now()));
+            }
+            _ => {
+                map.remove(id);
+            }
+        }
+        Ok(key)
+    }
+
+    /// Drops key `id` (revoked through this server).
+    pub(crate) fn forget(&self, id: &str) {
+        let mut map = self.map();
+        self.forgotten
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        map.remove(id);
+    }
+}
+
 /// Bytes from the operating system's random source.
 pub(crate) fn random_bytes<const N: usize>() -> [u8; N] {
     let mut bytes = [0u8; N];
@@ -146,7 +204,7 @@ pub(crate) async fn authenticate(
         let Some(id) = key_id(key) else {
             return unauthorized("the API key is malformed");
         };
-        let stored = match app.store.key(id).await {
+        let stored = match app.keys.get(&app, id).await {
             Ok(k) => k,
             Err(e) => return ApiError::from(e).into_response(),
         };

@@ -55,6 +55,8 @@ pub(crate) struct App {
     /// The backend: runs, functions, events, and tenants and keys.
     pub store: Arc<dyn Backend>,
     pub keyring: auth::Keyring,
+    /// Keys looked up recently (see `auth::KeyCache`).
+    pub keys: auth::KeyCache,
     pub sandbox: Sandbox,
     /// Wakes an idle worker when a run is created in this process.
     pub wake: Notify,
@@ -199,6 +201,7 @@ pub(crate) async fn assemble(
         config,
         store,
         keyring,
+        keys: auth::KeyCache::default(),
         sandbox,
         wake: Notify::new(),
         in_flight: worker::InFlight::default(),

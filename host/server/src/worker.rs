@@ -173,19 +173,7 @@ pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
         backlog = claimed.len() >= free;
         if claimed.is_empty() {
             drop(first);
-            tokio::select! {
-                _ = app.wake.notified() => {}
-                r = app.store.wait_for_work(app.config.poll_interval) => {
-                    if let Err(e) = r {
-                        tracing::debug!(error = %e, "waiting for work failed");
-                        tokio::select! {
-                            _ = tokio::time::sleep(app.config.poll_interval) => {}
-                            _ = shutdown.cancelled() => {}
-                        }
-                    }
-                }
-                _ = shutdown.cancelled() => {}
-            }
+            wait_for_work(&app, &shutdown).await;
             continue;
         }
         let mut first = Some(first);
@@ -223,6 +211,11 @@ pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
         }
         // Reap finished tasks so the set does not grow without bound.
         while attempts.try_join_next().is_some() {}
+        if !backlog {
+            // The store had no more due runs than this: asking again at once would find
+            // none. New work wakes the loop (a create here, a wake-up from the store).
+            wait_for_work(&app, &shutdown).await;
+        }
     }
 
     // Shutdown: no more claims. Let running attempts finish within the grace period, then
@@ -245,6 +238,24 @@ pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
     }
     hard_stop.cancel();
     let _ = renewer.await;
+}
+
+/// Returns when work may have become claimable: created in this process, announced by
+/// the store, due by the poll interval, or at shutdown.
+async fn wait_for_work(app: &App, shutdown: &CancellationToken) {
+    tokio::select! {
+        _ = app.wake.notified() => {}
+        r = app.store.wait_for_work(app.config.poll_interval) => {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "waiting for work failed");
+                tokio::select! {
+                    _ = tokio::time::sleep(app.config.poll_interval) => {}
+                    _ = shutdown.cancelled() => {}
+                }
+            }
+        }
+        _ = shutdown.cancelled() => {}
+    }
 }
 
 async fn renew_leases(app: Arc<App>, shutdown: CancellationToken, hard_stop: CancellationToken) {

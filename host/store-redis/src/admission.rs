@@ -144,8 +144,9 @@ impl RedisStore {
                     .arg("attempt"),
             )
             .await?;
-        let replaces = match (&status, &attempt) {
-            (Some(s), Some(a)) => match (s.parse::<RunStatus>(), a.parse::<u32>()) {
+        // A run that never started keeps no attempt number (0).
+        let replaces = match (&status, attempt.as_deref().unwrap_or("0")) {
+            (Some(s), a) => match (s.parse::<RunStatus>(), a.parse::<u32>()) {
                 (Ok(s), Ok(a)) => lifecycle::debounce_replaces(s, a),
                 _ => false,
             },

@@ -285,7 +285,7 @@ impl RunFields {
                 .ok_or_else(|| corrupt("field input missing"))?,
             output,
             error: self.opt_json(Field::ERROR)?,
-            attempt: self.num(Field::ATTEMPT)?,
+            attempt: self.opt_num(Field::ATTEMPT)?.unwrap_or(0),
             trigger: self.text(Field::TRIGGER)?,
             priority: self.opt_num(Field::PRIORITY)?.unwrap_or(0),
             keys: self.opt_json(Field::KEYS)?.unwrap_or_default(),

@@ -728,6 +728,10 @@ impl Queue for RedisStore {
     async fn wait_for_work(&self, max: Duration) -> Result<(), StoreError> {
         self.wait_for_due(max).await
     }
+
+    fn announces_work(&self) -> bool {
+        true
+    }
 }
 
 #[async_trait]

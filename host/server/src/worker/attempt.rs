@@ -223,8 +223,13 @@ pub(crate) async fn attempt(
     match ended {
         Ok(status) => {
             tracing::debug!(%status, "attempt recorded");
-            // Its end may have resumed a run waiting for it, or it may be due again now.
-            app.wake.notify_one();
+            // It may be due again now (a retry without backoff, a short sleep), and its
+            // end may have resumed runs waiting for it (which a store that announces work
+            // says itself).
+            let resumed = status.is_terminal() && !app.store.announces_work();
+            if resumed || matches!(status, RunStatus::Queued | RunStatus::Sleeping) {
+                app.wake.notify_one();
+            }
             if status.is_terminal() {
                 let _ = app.finished.send(lease.run_id.clone());
             }

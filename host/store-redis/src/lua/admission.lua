@@ -16,7 +16,7 @@ end
 -- Whether the debounce key of `fl`, or the status and attempt of the run it points to,
 -- moved since Rust read them (fl.dprev, fl.dver).
 local function debounce_moved(fl)
-  local prev = redis.call('HGET', P .. 'deb', fl.dgate)
+  local prev = redis.call('HGET', KDEB, fl.dgate)
   if (prev or '') ~= fl.dprev then return true end
   if not prev then return false end
   local r = redis.call('HMGET', runkey(prev), 'status', 'attempt')
@@ -93,30 +93,35 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
   end
   local full = run_full(id, 0, cost)
   if full then return nil, false, full, 0 end
-  if idem ~= '' then redis.call('HSET', ik, idem, I(NOW) .. ':' .. id) end
+  if idem ~= '' then redis.call('HSET', ik, idem, NOWS .. ':' .. id) end
   local woke = 0
   if replaced then
-    move(replaced, 'skipped', { 'error', fl.derr, 'finished_at', I(NOW), 'resolution', fl.dres })
+    move(replaced, 'skipped', { 'error', fl.derr, 'finished_at', NOWS, 'resolution', fl.dres })
     woke = resolve_waiters_of(replaced)
   end
-  if due == '' then due = I(NOW) end
-  if status == 'skipped' then due = I(NOW) end
+  if due == '' then due = NOWS end
+  if status == 'skipped' then due = NOWS end
   if status == 'queued' and fl.dgate ~= '' then
     if tonumber(due) < NOW + tonumber(fl.dperiod) then due = I(NOW + tonumber(fl.dperiod)) end
-    redis.call('HSET', P .. 'deb', fl.dgate, id)
+    redis.call('HSET', KDEB, fl.dgate, id)
   end
   local max = f[3]
   if retry ~= '' then max = retry_max end
   -- A packed hash finds a field by scanning from its start: the fields every claim and
   -- finish read or write come first.
+  -- Fields at their default are left out (every reader knows it): attempt, lease_token,
+  -- resumed and cancel_requested '0', rank_offset and priority '0'; so are the id and the
+  -- tenant, which the key names. Each field costs every command that reads or writes the
+  -- hash.
+  local now = NOWS
   local fields = {
-    'status', status, 'lease_token', '0', 'attempt', '0', 'updated_at', I(NOW),
-    'resumed', '0', 'sbytes', I(cost), 'created_at', I(NOW), 'cancel_requested', '0',
-    'nosteps', '1', 'due_at', due, 'rank_offset', fl.offset,
-    'id', id, 'tenant', TENANT, 'function', fname, 'digest', f[1], 'sv', sv,
-    'max_attempts', max, 'trigger', trigger, 'priority', fl.prio,
+    'status', status, 'updated_at', now, 'sbytes', I(cost), 'created_at', now,
+    'nosteps', '1', 'due_at', due, 'function', fname, 'digest', f[1], 'sv', sv,
+    'max_attempts', max, 'trigger', trigger,
   }
   local function add(k, v) if v ~= '' then fields[#fields + 1] = k; fields[#fields + 1] = v end end
+  if fl.offset ~= '0' then add('rank_offset', fl.offset) end
+  if fl.prio ~= '0' then add('priority', fl.prio) end
   if #input > PACKED_MAX then
     redis.call('SET', inkey(id), input)
   else
@@ -134,7 +139,7 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
   if status == 'queued' then add('dgate', fl.dgate) end
   if status == 'skipped' then
     add('error', fl.rerr)
-    add('finished_at', I(NOW))
+    add('finished_at', NOWS)
     add('resolution', fl.rres)
   end
   if unpacked then add('up', '1') end
@@ -142,17 +147,17 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
   redis.call('HSET', runkey(id), unpack(fields))
   charge(nil, cost)
   -- The component stays while a run pins it (see collect_components in lib.rs).
-  redis.call('HINCRBY', P .. 'rdig', pin(f[1], sv), 1)
-  redis.call('ZADD', P .. 'all', NOW, id)
+  redis.call('HINCRBY', KRDIG, pin(f[1], sv), 1)
+  redis.call('ZADD', KALL, NOW, id)
   redis.call('ZADD', P .. 'byfn:' .. fname, NOW, id)
-  redis.call('ZADD', P .. 'st:' .. status, NOW, id)
+  redis.call('ZADD', stkey(status), NOW, id)
   if status == 'skipped' then
-    redis.call('ZADD', P .. 'ended:ok', NOW, id)
+    redis.call('ZADD', KENDOK, NOW, id)
   else
     if tonumber(due) <= NOW then
-      redis.call('ZADD', P .. 'q', I(tonumber(due) + tonumber(fl.offset)), id)
+      redis.call('ZADD', KQ, I(tonumber(due) + tonumber(fl.offset)), id)
     else
-      redis.call('ZADD', P .. 'ready', due, id)
+      redis.call('ZADD', KREADY, due, id)
     end
     if fl.rgate ~= '' then window_log(fl.rgate, tonumber(fl.rlimit)) end
   end

@@ -7,7 +7,7 @@ local wake = 0
 if ARGV[7] == 'mark' then
   local fields = { 'error', ARGV[8] }
   charge(ID, blob_delta(ID, fields))
-  redis.call('HSET', rk, 'cancel_requested', '1', 'updated_at', I(NOW), unpack(fields))
+  redis.call('HSET', rk, 'cancel_requested', '1', 'updated_at', NOWS, unpack(fields))
 else
   apply(ID, read_transition(9))
   wake = resolve_waiters_of(ID)

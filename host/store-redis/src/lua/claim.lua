@@ -11,13 +11,15 @@ local wake = 0
 -- (ARGV[10] = '') the script only answers which runs need one; with them (ARGV[10] = n,
 -- then n × (id, lease token, T_ARGS transition)) it applies each to a run still under
 -- that lease, and leaves runs that expired in between to the next claim.
-local expired = redis.call('ZRANGEBYSCORE', P .. 'leases', '-inf', NOW, 'LIMIT', 0, @REAP_BATCH@)
+local expired = redis.call('ZRANGEBYSCORE', KLEASES, '-inf', NOW, 'LIMIT', 0, @REAP_BATCH@)
 if ARGV[10] == '' then
   local need = {}
   for _, id in ipairs(expired) do
     local r = redis.call('HMGET', runkey(id), 'status', 'lease_token', 'worker', 'attempt',
       'max_attempts', 'cancel_requested')
-    if r[1] == 'running' then need[#need + 1] = { id, r[2], r[3] or '', r[4], r[5], r[6] } end
+    if r[1] == 'running' then
+      need[#need + 1] = { id, r[2], r[3] or '', r[4], r[5], r[6] or '0' }
+    end
   end
   if #need > 0 then return { 'reap', need } end
 end
@@ -31,27 +33,27 @@ end
 for _, id in ipairs(expired) do
   local r = redis.call('HMGET', runkey(id), 'status', 'lease_token')
   if r[1] ~= 'running' then
-    redis.call('ZREM', P .. 'leases', id)
+    redis.call('ZREM', KLEASES, id)
   elseif given[id] and given[id][1] == r[2] then
     if apply(id, read_transition(given[id][2])) then wake = wake + 1 end
     wake = wake + resolve_waiters_of(id)
   end
 end
 -- Waits whose time is up resolve as timed out.
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'timeouts', '-inf', NOW, 'LIMIT', 0, @REAP_BATCH@)) do
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KTIMEOUTS, '-inf', NOW, 'LIMIT', 0, @REAP_BATCH@)) do
   if redis.call('HGET', runkey(id), 'status') == 'waiting' then
     resolve_wait(id, @TIMED_OUT@)
     wake = wake + 1
   else
-    redis.call('ZREM', P .. 'timeouts', id)
+    redis.call('ZREM', KTIMEOUTS, id)
   end
 end
 -- Throttle windows that opened: as many parked runs as they have room for go back into
 -- the lane, best rank first; while runs stay parked the gate's timer is set to when the
 -- window opens next (counting the let-through runs as started now).
-for _, gate in ipairs(redis.call('ZRANGEBYSCORE', P .. 'gtimer', '-inf', NOW, 'LIMIT', 0, @REAP_BATCH@)) do
+for _, gate in ipairs(redis.call('ZRANGEBYSCORE', KGTIMER, '-inf', NOW, 'LIMIT', 0, @REAP_BATCH@)) do
   local pk = P .. 'park:' .. gate
-  local cfg = redis.call('HGET', P .. 'tcfg', gate)
+  local cfg = redis.call('HGET', KTCFG, gate)
   local again = nil
   if cfg and redis.call('ZCARD', pk) > 0 then
     local sep = string.find(cfg, '|', 1, true)
@@ -68,21 +70,21 @@ for _, gate in ipairs(redis.call('ZRANGEBYSCORE', P .. 'gtimer', '-inf', NOW, 'L
     if redis.call('ZCARD', pk) > 0 then again = math.max(oldest + period, NOW + 1) end
   end
   if again then
-    redis.call('ZADD', P .. 'gtimer', I(again), gate)
+    redis.call('ZADD', KGTIMER, I(again), gate)
   else
-    redis.call('ZREM', P .. 'gtimer', gate)
-    redis.call('HDEL', P .. 'tcfg', gate)
+    redis.call('ZREM', KGTIMER, gate)
+    redis.call('HDEL', KTCFG, gate)
   end
 end
 -- Due runs enter the lane, ranked by due time + priority offset.
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'ready', '-inf', NOW, 'LIMIT', 0, @PROMOTE_BATCH@)) do
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KREADY, '-inf', NOW, 'LIMIT', 0, @PROMOTE_BATCH@)) do
   local h = redis.call('HMGET', runkey(id), 'due_at', 'rank_offset')
-  redis.call('ZREM', P .. 'ready', id)
-  redis.call('ZADD', P .. 'q', I(tonumber(h[1]) + tonumber(h[2] or '0')), id)
+  redis.call('ZREM', KREADY, id)
+  redis.call('ZADD', KQ, I(tonumber(h[1]) + tonumber(h[2] or '0')), id)
 end
 local room = LIMIT
 local maxr = quota('max_running')
-if maxr then room = math.min(room, maxr - redis.call('ZCARD', P .. 'leases')) end
+if maxr then room = math.min(room, maxr - redis.call('ZCARD', KLEASES)) end
 local out = {}
 local parks = @PARK_BUDGET@
 local ATT_COST, claimed_bytes = C_ATT + #WORKER_JSON, 0
@@ -91,27 +93,27 @@ local ATT_COST, claimed_bytes = C_ATT + #WORKER_JSON, 0
 local head, hi = {}, 1
 while #out < room and parks > 0 do
   if hi > #head then
-    head, hi = redis.call('ZRANGE', P .. 'q', 0, math.min(room - #out, 100) - 1, 'WITHSCORES'), 1
+    head, hi = redis.call('ZRANGE', KQ, 0, math.min(room - #out, 100) - 1, 'WITHSCORES'), 1
   end
   local id, score = head[hi], head[hi + 1]
   if not id then break end
   hi = hi + 2
   local r = run_hash(id)
-  local status, cgate, attempt, climit = r.status, r.cgate, r.attempt, r.climit
+  local status, cgate, attempt, climit = r.status, r.cgate, r.attempt or '0', r.climit
   local tgate, tlimit, tperiod = r.tgate, r.tlimit, r.tperiod
   local throttled = false
   if tgate and THROTTLES[status] then
     if attempt == '0' then throttled = THROTTLES[status][1] else throttled = THROTTLES[status][2] end
   end
   if status ~= 'queued' and status ~= 'sleeping' then
-    redis.call('ZREM', P .. 'q', id)
+    redis.call('ZREM', KQ, id)
   elseif cgate and redis.call('SCARD', P .. 'crun:' .. cgate) >= tonumber(climit) then
     park(id, cgate, score)
     parks = parks - 1
   elseif throttled and window_full(tgate, tonumber(tlimit), tonumber(tperiod)) then
     park(id, tgate, score)
-    redis.call('HSET', P .. 'tcfg', tgate, tlimit .. '|' .. tperiod)
-    redis.call('ZADD', P .. 'gtimer', 'LT',
+    redis.call('HSET', KTCFG, tgate, tlimit .. '|' .. tperiod)
+    redis.call('ZADD', KGTIMER, 'LT',
       I(window_full(tgate, tonumber(tlimit), tonumber(tperiod))), tgate)
     parks = parks - 1
   else
@@ -122,14 +124,14 @@ while #out < room and parks > 0 do
     local n, resumed = math.max(tonumber(attempt) + step[1], step[3]), step[2]
     -- The new execution's record is charged to the run within the move (its fields hold
     -- no blob, so the move charges nothing itself) and to the tenant once per claim.
-    local lease = { status = 'running', updated_at = I(NOW), attempt = I(n),
+    local lease = { status = 'running', updated_at = NOWS, attempt = I(n),
       lease_expires_at = I(NOW + LEASE), lease_token = I(tonumber(r.lease_token or '0') + 1),
       sbytes = I(tonumber(r.sbytes or '0') + ATT_COST) }
     move(id, 'running', { 'attempt', lease.attempt, 'resumed', resumed,
       'lease_expires_at', lease.lease_expires_at, 'worker', WORKER,
       'lease_token', lease.lease_token, 'sbytes', lease.sbytes },
       { status, r.created_at, r.wait_event, r.wait_run, cgate, r.parked })
-    redis.call('RPUSH', P .. 'att:' .. id, I(n) .. '|' .. I(NOW) .. '|' .. WORKER_JSON)
+    redis.call('RPUSH', P .. 'att:' .. id, I(n) .. '|' .. NOWS .. '|' .. WORKER_JSON)
     claimed_bytes = claimed_bytes + ATT_COST
     -- The run as the move left it: what it read, with what the move wrote (`move` sets
     -- status, updated_at and these fields, and drops `parked`, which replies leave out).
@@ -142,7 +144,7 @@ while #out < room and parks > 0 do
 end
 charge(nil, claimed_bytes)
 -- Wake other workers only for what this claim left behind.
-if wake > 0 then wake = math.min(wake, redis.call('ZCARD', P .. 'q')) end
+if wake > 0 then wake = math.min(wake, redis.call('ZCARD', KQ)) end
 -- A visit that found nothing republishes anyway, repairing a stale global hint.
 local pub = publish(wake, ARGV[9] == '1' or #out == 0)
 return { 'ok', pub or false, out }

@@ -7,22 +7,22 @@ if was then delta = delta - C_FN - mem(tonumber(was)) end
 -- Its settings are stored once per version, for the runs that will pin it; a version no
 -- run or function uses any more is collected with the components (digests.lua).
 local sv = string.sub(redis.sha1hex(ARGV[8]), 1, 16)
-local newset = redis.call('HEXISTS', P .. 'sets', sv) == 0
+local newset = redis.call('HEXISTS', KSETS, sv) == 0
 if newset then delta = delta + set_cost(#ARGV[8]) end
 if delta > 0 then
   local full = tenant_full(delta)
   if full then return full end
 end
 charge(nil, delta)
-if newset then redis.call('HSET', P .. 'sets', sv, ARGV[8]) end
+if newset then redis.call('HSET', KSETS, sv, ARGV[8]) end
 local old = redis.call('HGET', fk, 'events')
 if old then
   for _, e in ipairs(cjson.decode(old)) do redis.call('SREM', P .. 'sub:' .. e, name) end
 end
-local created = redis.call('HGET', fk, 'created_at') or I(NOW)
+local created = redis.call('HGET', fk, 'created_at') or NOWS
 redis.call('HSET', fk, 'name', name, 'digest', ARGV[6], 'size_bytes', ARGV[7],
   'settings', ARGV[8], 'sv', sv, 'max_attempts', ARGV[9], 'events', ARGV[10],
-  'created_at', created, 'updated_at', I(NOW))
+  'created_at', created, 'updated_at', NOWS)
 if ARGV[11] ~= '' then
   redis.call('HSET', fk, 'schedule', ARGV[11])
 else

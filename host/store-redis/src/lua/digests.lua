@@ -1,16 +1,16 @@
 -- The component digests runs and functions refer to (`rdig`: `digest|sv` → runs pinning
 -- it, built once from the runs when missing), for collect_components. Settings versions
 -- (`sets`) nobody refers to any more are deleted here, given back to the tenant.
-if redis.call('HGET', P .. 'meta', 'rdig') ~= '1' then
-  redis.call('DEL', P .. 'rdig')
-  for _, id in ipairs(redis.call('ZRANGE', P .. 'all', 0, -1)) do
+if redis.call('HGET', KMETA, 'rdig') ~= '1' then
+  redis.call('DEL', KRDIG)
+  for _, id in ipairs(redis.call('ZRANGE', KALL, 0, -1)) do
     local r = redis.call('HMGET', runkey(id), 'digest', 'sv')
-    if r[1] then redis.call('HINCRBY', P .. 'rdig', pin(r[1], r[2]), 1) end
+    if r[1] then redis.call('HINCRBY', KRDIG, pin(r[1], r[2]), 1) end
   end
-  redis.call('HSET', P .. 'meta', 'rdig', '1')
+  redis.call('HSET', KMETA, 'rdig', '1')
 end
 local out, keep = {}, {}
-for _, k in ipairs(redis.call('HKEYS', P .. 'rdig')) do
+for _, k in ipairs(redis.call('HKEYS', KRDIG)) do
   local d, sv = string.match(k, '^([^|]*)|?(.*)$')
   out[#out + 1] = d
   if sv ~= '' then keep[sv] = true end
@@ -20,10 +20,10 @@ for _, name in ipairs(redis.call('SMEMBERS', P .. 'fns')) do
   if f[1] then out[#out + 1] = f[1] end
   if f[2] then keep[f[2]] = true end
 end
-for _, sv in ipairs(redis.call('HKEYS', P .. 'sets')) do
+for _, sv in ipairs(redis.call('HKEYS', KSETS)) do
   if not keep[sv] then
-    charge(nil, -set_cost(redis.call('HSTRLEN', P .. 'sets', sv)))
-    redis.call('HDEL', P .. 'sets', sv)
+    charge(nil, -set_cost(redis.call('HSTRLEN', KSETS, sv)))
+    redis.call('HDEL', KSETS, sv)
   end
 end
 return { 'ok', out }

@@ -3,8 +3,12 @@ local id, created, err, woke, made = insert_run(ARGV[5], ARGV[6], ARGV[7], ARGV[
 if type(err) == 'table' then return err end
 if err then return { err } end
 local wake = woke
-if created and made[1] == 'queued' and tonumber(made[2]) <= NOW then wake = wake + 1 end
-local pub = publish(wake, false)
+local pub
+if created and made[1] == 'queued' and tonumber(made[2]) <= NOW then
+  pub = publish_added(wake + 1)
+else
+  pub = publish(wake, false)
+end
 -- A new queued run: Rust builds it from its request and `made` (it is not read back).
 if created and made[1] == 'queued' then return { 'ok', pub or false, 1, false, made } end
 return { 'ok', pub or false, created and 1 or 0, run_fields(id) }

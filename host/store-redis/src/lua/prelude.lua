@@ -2,6 +2,8 @@
 -- body runs: the library is loaded once and its functions share these. ARGV[1..4]:
 -- tenant key prefix P, global prefix G (or ''), now, tenant.
 local ARGV, P, G, NOW, TENANT
+-- NOW as the caller sent it (an integer in decimal, as `I` writes numbers).
+local NOWS
 local WINDOW = @WINDOW@
 local WAKEMAX = @WAKEMAX@
 local FLOW_ARGS = @FLOW_ARGS@
@@ -9,6 +11,19 @@ local T_ARGS = @T_ARGS@
 
 local function I(n) return string.format('%d', n) end
 local function runkey(id) return P .. 'run:' .. id end
+-- The tenant's fixed keys, made once per tenant prefix (consecutive calls nearly always
+-- serve the same tenant): building a key name costs a Lua string, which costs about as
+-- much as a cheap Redis command.
+local KP, KQ, KREADY, KLEASES, KUSAGE, KMETA, KQUOTAS, KTIMEOUTS, KGTIMER, KENDOK, KENDBAD
+local KALL, KRDIG, KSETS, KTCFG, KDEB, KST
+local function stkey(status)
+  local k = KST[status]
+  if not k then
+    k = P .. 'st:' .. status
+    KST[status] = k
+  end
+  return k
+end
 
 -- Storage accounting (wasq_core::storage): what each record costs besides the bytes
 -- stored whole (their length), from RedisStore's cost model; the quotas are the copies
@@ -48,19 +63,48 @@ local QUOTAS = nil
 local function quota(name)
   if not QUOTAS then
     QUOTAS = {}
-    local v = redis.call('HMGET', P .. 'quotas', unpack(QUOTA_NAMES))
+    local v = redis.call('HMGET', KQUOTAS, unpack(QUOTA_NAMES))
     for i, n in ipairs(QUOTA_NAMES) do
       if v[i] then QUOTAS[n] = tonumber(v[i]) end
     end
   end
   return QUOTAS[name]
 end
-local function stored() return tonumber(redis.call('HGET', P .. 'usage', 'stored') or '0') end
+-- Charges are summed over the call and written once when it returns (`leave`): the
+-- tenant's stored bytes, executions and fuel, and each run's `sbytes` and `lbytes`.
+-- Whatever reads them within the call adds what is pending (`stored`, `pending`).
+local TDELTA, RDELTA, UEXEC, UFUEL
 -- Adds n bytes to the tenant's usage and, with an id, to the run's `field` (sbytes).
 local function charge(id, n, field)
   if n == 0 then return end
-  redis.call('HINCRBY', P .. 'usage', 'stored', n)
-  if id then redis.call('HINCRBY', runkey(id), field or 'sbytes', n) end
+  TDELTA = TDELTA + n
+  if id then
+    local f, d = field or 'sbytes', RDELTA[id]
+    if not d then
+      d = {}
+      RDELTA[id] = d
+    end
+    d[f] = (d[f] or 0) + n
+  end
+end
+-- What this call charged run `id`'s field `f` so far, not written yet.
+local function pending(id, f)
+  local d = RDELTA[id]
+  return d and d[f] or 0
+end
+local function stored() return tonumber(redis.call('HGET', KUSAGE, 'stored') or '0') + TDELTA end
+-- Writes the call's charges. A run deleted within the call must have none pending.
+local function settle_charges()
+  if TDELTA ~= 0 then redis.call('HINCRBY', KUSAGE, 'stored', TDELTA) end
+  if UEXEC ~= 0 then redis.call('HINCRBY', KUSAGE, 'attempts', UEXEC) end
+  if UFUEL ~= 0 then redis.call('HINCRBY', KUSAGE, 'fuel', UFUEL) end
+  for id, d in pairs(RDELTA) do
+    local rk = runkey(id)
+    for f, n in pairs(d) do
+      if n ~= 0 then redis.call('HINCRBY', rk, f, n) end
+    end
+  end
+  TDELTA, RDELTA, UEXEC, UFUEL = 0, {}, 0, 0
 end
 -- nil when the tenant has room for n more bytes, else the reply refusing them. Usage is
 -- only read when there is a quota to hold it against.
@@ -71,7 +115,9 @@ local function tenant_full(n)
   if used + n > max then return { 'storage', 'tenant', I(used), I(n), I(max) } end
   return nil
 end
-local function run_bytes(id) return tonumber(redis.call('HGET', runkey(id), 'sbytes') or '0') end
+local function run_bytes(id)
+  return tonumber(redis.call('HGET', runkey(id), 'sbytes') or '0') + pending(id, 'sbytes')
+end
 -- nil when run `id` (used: its bytes so far, nil to read them) and its tenant have room
 -- for n more bytes.
 local function run_full(id, used, n)
@@ -129,7 +175,7 @@ local function settings_version(fk)
   local v = redis.call('HMGET', fk, 'sv', 'settings')
   if v[1] or not v[2] then return v[1] end
   local sv = string.sub(redis.sha1hex(v[2]), 1, 16)
-  if redis.call('HSETNX', P .. 'sets', sv, v[2]) == 1 then charge(nil, set_cost(#v[2])) end
+  if redis.call('HSETNX', KSETS, sv, v[2]) == 1 then charge(nil, set_cost(#v[2])) end
   redis.call('HSET', fk, 'sv', sv)
   return sv
 end
@@ -170,11 +216,13 @@ local RUN_AT = {}
 for i = 1, #RUN_FIELDS do RUN_AT[RUN_FIELDS[i]] = i end
 -- An input longer than PACKED_MAX is kept beside the run's hash, in `in:<id>`, so that the
 -- hash stays packed: a queued run is mostly its input. Fills it into `fields` (a
--- run_fields reply of run `id`, status included) when the hash has none.
+-- run_fields reply of run `id`, status included) when the hash has none, and the run's id
+-- and tenant, which its key names (runs written before kept them in the hash too).
 local function inkey(id) return P .. 'in:' .. id end
 local function with_input(id, fields)
-  if fields[RUN_AT.status] and not fields[RUN_AT.input] then
-    fields[RUN_AT.input] = redis.call('GET', inkey(id))
+  if fields[RUN_AT.status] then
+    fields[RUN_AT.id], fields[RUN_AT.tenant] = id, TENANT
+    if not fields[RUN_AT.input] then fields[RUN_AT.input] = redis.call('GET', inkey(id)) end
   end
   return fields
 end
@@ -217,12 +265,12 @@ end
 -- Flow control (see lib.rs): due runs wait in the lane `q` by rank; a run its gate holds
 -- back is parked in `park:<gate>` (same rank) until the gate lets it back into the lane.
 local function unpark(id, score)
-  redis.call('ZADD', P .. 'q', score, id)
+  redis.call('ZADD', KQ, score, id)
   redis.call('HDEL', runkey(id), 'parked')
 end
 
 local function park(id, gate, score)
-  redis.call('ZREM', P .. 'q', id)
+  redis.call('ZREM', KQ, id)
   redis.call('ZADD', P .. 'park:' .. gate, score, id)
   charge(id, unpack_cost(id, { 'parked', gate }))
   redis.call('HSET', runkey(id), 'parked', gate)
@@ -258,43 +306,43 @@ local function move(id, status, fields, pre, lens)
   local r = pre or redis.call('HMGET', rk, unpack(MOVE_FIELDS))
   local old, created, cgate = r[1], r[2], r[5]
   if old ~= status then
-    if old then redis.call('ZREM', P .. 'st:' .. old, id) end
-    redis.call('ZADD', P .. 'st:' .. status, created, id)
+    if old then redis.call('ZREM', stkey(old), id) end
+    redis.call('ZADD', stkey(status), created, id)
   end
   if old == 'queued' or old == 'sleeping' then
-    redis.call('ZREM', P .. 'ready', id)
-    redis.call('ZREM', P .. 'q', id)
+    redis.call('ZREM', KREADY, id)
+    redis.call('ZREM', KQ, id)
   elseif old == 'running' then
-    redis.call('ZREM', P .. 'leases', id)
+    redis.call('ZREM', KLEASES, id)
   elseif old == 'waiting' then
-    redis.call('ZREM', P .. 'timeouts', id)
+    redis.call('ZREM', KTIMEOUTS, id)
     if r[3] then redis.call('SREM', P .. 'waiters:' .. r[3], id) end
     if r[4] then redis.call('SREM', P .. 'rw:' .. r[4], id) end
   elseif old == 'succeeded' or old == 'skipped' then
-    redis.call('ZREM', P .. 'ended:ok', id)
+    redis.call('ZREM', KENDOK, id)
   elseif old == 'failed' or old == 'cancelled' then
-    redis.call('ZREM', P .. 'ended:bad', id)
+    redis.call('ZREM', KENDBAD, id)
   end
   if r[6] then
     redis.call('ZREM', P .. 'park:' .. r[6], id)
     redis.call('HDEL', rk, 'parked')
   end
   charge(id, blob_delta(id, fields, lens))
-  redis.call('HSET', rk, 'status', status, 'updated_at', I(NOW), unpack(fields))
+  redis.call('HSET', rk, 'status', status, 'updated_at', NOWS, unpack(fields))
   if status == 'queued' or status == 'sleeping' then
     local h = redis.call('HMGET', rk, 'due_at', 'rank_offset')
     local due = tonumber(h[1])
     if due <= NOW then
-      redis.call('ZADD', P .. 'q', I(due + tonumber(h[2] or '0')), id)
+      redis.call('ZADD', KQ, I(due + tonumber(h[2] or '0')), id)
     else
-      redis.call('ZADD', P .. 'ready', h[1], id)
+      redis.call('ZADD', KREADY, h[1], id)
     end
   elseif status == 'running' then
-    redis.call('ZADD', P .. 'leases', field_or_stored(fields, 'lease_expires_at', rk), id)
+    redis.call('ZADD', KLEASES, field_or_stored(fields, 'lease_expires_at', rk), id)
   elseif status == 'succeeded' or status == 'skipped' then
-    redis.call('ZADD', P .. 'ended:ok', field_or_stored(fields, 'finished_at', rk), id)
+    redis.call('ZADD', KENDOK, field_or_stored(fields, 'finished_at', rk), id)
   elseif status == 'failed' or status == 'cancelled' then
-    redis.call('ZADD', P .. 'ended:bad', field_or_stored(fields, 'finished_at', rk), id)
+    redis.call('ZADD', KENDBAD, field_or_stored(fields, 'finished_at', rk), id)
   end
   if cgate and old ~= status then
     if status == 'running' then
@@ -315,7 +363,7 @@ local function close_attempt(id, err, fuel, suspended)
   local last = redis.call('LINDEX', ak, -1)
   if last then
     last = string.match(last, '^[^\n]*')
-    redis.call('LSET', ak, -1, last .. '\n' .. I(NOW) .. '|' .. fuel .. '|' .. suspended .. '|' .. err)
+    redis.call('LSET', ak, -1, last .. '\n' .. NOWS .. '|' .. fuel .. '|' .. suspended .. '|' .. err)
     -- Never refused: a run over its quota must still be able to fail.
     charge(id, #err)
   end
@@ -335,7 +383,7 @@ local function write_step(id, field, output, attempt)
   if redis.call('HEXISTS', sk, field) == 0 then
     charge(id, step_cost(id, field, output))
     redis.call('HSET', sk, field, output)
-    redis.call('RPUSH', P .. 'stepseq:' .. id, attempt .. '|' .. I(NOW) .. '|' .. field)
+    redis.call('RPUSH', P .. 'stepseq:' .. id, attempt .. '|' .. NOWS .. '|' .. field)
     redis.call('HDEL', runkey(id), 'nosteps')
   end
 end
@@ -349,7 +397,7 @@ local function append_logs(id, first, mrun, mtenant, last)
   local rk = runkey(id)
   local r = redis.call('HMGET', rk, 'lbytes', 'lcut')
   if r[2] == '1' then return end
-  local used = tonumber(r[1] or '0')
+  local used = tonumber(r[1] or '0') + pending(id, 'lbytes')
   local rmax, tmax = quota('max_run_log_bytes'), quota('max_stored_bytes')
   local tused = stored()
   local added, cut = 0, nil
@@ -379,7 +427,7 @@ local function resolve_wait(id, resolution)
   local rk = runkey(id)
   local r = redis.call('HMGET', rk, 'wait_step', 'attempt')
   write_step(id, r[1], resolution, r[2])
-  move(id, 'sleeping', { 'due_at', I(NOW) })
+  move(id, 'sleeping', { 'due_at', NOWS })
   drop_blobs(id, 'wait', 'wait_event', 'wait_run', 'wait_step', 'wait_ver')
 end
 
@@ -430,8 +478,8 @@ local function apply(id, t, pre, extra, lens)
     end
   end
   if t.uexec == '1' then
-    redis.call('HINCRBY', P .. 'usage', 'attempts', 1)
-    if t.ufuel ~= '' then redis.call('HINCRBY', P .. 'usage', 'fuel', t.ufuel) end
+    UEXEC = UEXEC + 1
+    if t.ufuel ~= '' then UFUEL = UFUEL + tonumber(t.ufuel) end
   end
   local fields, gone = extra or {}, { 'lease_expires_at', 'worker' }
   local function set(k, v) fields[#fields + 1] = k; fields[#fields + 1] = v end
@@ -460,7 +508,7 @@ local function window_full(gate, limit, period)
 end
 
 local function window_log(gate, limit)
-  redis.call('LPUSH', P .. 'win:' .. gate, I(NOW))
+  redis.call('LPUSH', P .. 'win:' .. gate, NOWS)
   redis.call('LTRIM', P .. 'win:' .. gate, 0, limit - 1)
 end
 
@@ -469,14 +517,14 @@ end
 -- Whether the tenant may start another run (its max_running quota).
 local function has_room()
   local maxr = quota('max_running')
-  return not maxr or redis.call('ZCARD', P .. 'leases') < maxr
+  return not maxr or redis.call('ZCARD', KLEASES) < maxr
 end
 
 -- The tenant's next due time: 0 (now) when its lane holds runs it has room to start,
 -- else the earliest of its not yet due runs, lease expiries, wait timeouts and throttle
 -- windows opening; nil when it has none. Parked runs wait for an event of their gate.
 local function next_due()
-  if redis.call('ZCARD', P .. 'q') > 0 and has_room() then return 0 end
+  if redis.call('ZCARD', KQ) > 0 and has_room() then return 0 end
   local best = nil
   for _, z in ipairs({ 'ready', 'leases', 'timeouts', 'gtimer' }) do
     local h = redis.call('ZRANGE', P .. z, 0, 0, 'WITHSCORES')
@@ -498,7 +546,7 @@ local function publish(wake, force)
   local n = next_due()
   local ns = ''
   if n then ns = I(n) end
-  local meta = P .. 'meta'
+  local meta = KMETA
   local changed = force or redis.call('HGET', meta, 'next') ~= ns
   if not changed and wake == 0 then return false end
   local seq = 0
@@ -513,6 +561,19 @@ local function publish(wake, force)
   return { seq, ns, wake }
 end
 
+-- `publish` after a transition that only added runs due now (an enqueue): they cannot
+-- make the tenant's next due time later, so when it is 'now' already only the wake-up is
+-- left to do.
+local function publish_added(wake)
+  if redis.call('HGET', KMETA, 'next') ~= '0' then return publish(wake, false) end
+  if wake == 0 then return false end
+  if G ~= '' then
+    apply_hint(G, TENANT, '0', wake, false)
+    return false
+  end
+  return { 0, '0', wake }
+end
+
 local function check_lease(id, token)
   local r = redis.call('HMGET', runkey(id), 'status', 'lease_token')
   if not r[1] then return 'not_found' end
@@ -520,9 +581,25 @@ local function check_lease(id, token)
   return nil
 end
 
--- Starts a call: its arguments, and nothing left over from the call before.
+-- Starts a call: its arguments, and nothing left over from the call before (one that
+-- failed halfway never reached `leave`).
 local function enter(args)
   ARGV, P, G, NOW, TENANT = args, args[1], args[2], tonumber(args[3]), args[4]
+  NOWS = args[3]
   KEY = @KEY_COST@ + #P
   QUOTAS = nil
+  TDELTA, RDELTA, UEXEC, UFUEL = 0, {}, 0, 0
+  if P ~= KP then
+    KP = P
+    KQ, KREADY, KLEASES, KUSAGE = P .. 'q', P .. 'ready', P .. 'leases', P .. 'usage'
+    KMETA, KQUOTAS, KTIMEOUTS, KGTIMER = P .. 'meta', P .. 'quotas', P .. 'timeouts', P .. 'gtimer'
+    KENDOK, KENDBAD, KALL, KRDIG = P .. 'ended:ok', P .. 'ended:bad', P .. 'all', P .. 'rdig'
+    KSETS, KTCFG, KDEB, KST = P .. 'sets', P .. 'tcfg', P .. 'deb', {}
+  end
+end
+
+-- Ends a call: writes what it charged, and answers `reply`.
+local function leave(reply)
+  settle_charges()
+  return reply
 end

@@ -7,12 +7,12 @@ local function delete(id)
   charge(nil, -(tonumber(r[5] or '0') + tonumber(r[6] or '0')))
   if r[7] then
     local k = pin(r[7], r[8])
-    if redis.call('HINCRBY', P .. 'rdig', k, -1) <= 0 then redis.call('HDEL', P .. 'rdig', k) end
+    if redis.call('HINCRBY', KRDIG, k, -1) <= 0 then redis.call('HDEL', KRDIG, k) end
   end
-  redis.call('ZREM', P .. 'all', id)
-  redis.call('ZREM', P .. 'ended:ok', id)
-  redis.call('ZREM', P .. 'ended:bad', id)
-  if r[1] then redis.call('ZREM', P .. 'st:' .. r[1], id) end
+  redis.call('ZREM', KALL, id)
+  redis.call('ZREM', KENDOK, id)
+  redis.call('ZREM', KENDBAD, id)
+  if r[1] then redis.call('ZREM', stkey(r[1]), id) end
   if r[2] then redis.call('ZREM', P .. 'byfn:' .. r[2], id) end
   if r[3] then redis.call('ZREM', P .. 'kids:' .. r[3], id) end
   if r[2] and r[4] then

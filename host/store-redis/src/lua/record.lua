@@ -5,7 +5,7 @@ local rk = runkey(id)
 if kind == 'progress' then
   -- Progress replaces itself (bounded by the sandbox): charged, never refused.
   charge(id, blob_delta(id, { 'progress', ARGV[8] }))
-  redis.call('HSET', rk, 'progress', ARGV[8], 'updated_at', I(NOW))
+  redis.call('HSET', rk, 'progress', ARGV[8], 'updated_at', NOWS)
   return { 'ok' }
 end
 -- After the two cut markers comes the number of lines, then the lines (to the end).

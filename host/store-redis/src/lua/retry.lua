@@ -2,7 +2,7 @@ local ID = ARGV[5]
 local rk = runkey(ID)
 local r = redis.call('HMGET', rk, 'status', 'attempt')
 if not r[1] then return { 'not_found' } end
-if r[1] ~= ARGV[6] or r[2] ~= ARGV[7] then return { 'stale' } end
+if r[1] ~= ARGV[6] or (r[2] or '0') ~= ARGV[7] then return { 'stale' } end
 -- A retried run is queued like a new one: the tenant's max_queued applies.
 local maxq = quota('max_queued')
 if maxq and redis.call('ZCARD', P .. 'st:queued') + 1 > maxq * tonumber(ARGV[9]) then

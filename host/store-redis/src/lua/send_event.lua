@@ -40,7 +40,7 @@ end
 local full = tenant_full(cost)
 if full then return full end
 if seen then charge(nil, -event_cost(EID)) end
-redis.call('HSET', P .. 'events', EID, I(NOW))
+redis.call('HSET', P .. 'events', EID, NOWS)
 redis.call('ZADD', P .. 'evz', NOW, EID)
 charge(nil, event_cost(EID))
 forget_events(100)
