@@ -90,7 +90,7 @@
 //! | `P fns` | set | function names |
 //! | `P sub:<event>` | set | functions started by the event |
 //! | `P sets` | hash | settings version → settings JSON: a run pins its function's settings by version, so each version is stored once (deleted by `collect_components` once no run or function has it) |
-//! | `P run:<id>` | hash | id, tenant, function, digest, sv (the settings version it pins; runs from before versions hold `settings` JSON instead), retry (override JSON), max_attempts (with manual-retry grants), status, input, output, error JSON, attempt, trigger, progress JSON, created_at, updated_at, due_at, finished_at, idempotency_key, parent, wait JSON, priority, keys JSON; bookkeeping: lease_token, lease_expires_at, worker, cancel_requested, resumed, nosteps (set at creation, cleared by the first step: a claim skips the step keys), wait_step, wait_event, wait_ver, wait_run, resolution (what waiters on it receive once it ended); flow: rank_offset, cgate + climit, tgate + tlimit + tperiod, dgate, parked (the gate it waits on); up (the hash is no longer packed: see `UNPACK_COST`) |
+//! | `P run:<id>` | hash | function, digest, sv (the settings version it pins; runs from before versions hold `settings` JSON instead), retry (override JSON), max_attempts (with manual-retry grants), status, input, output, error JSON, attempt, trigger, progress JSON, created_at, updated_at, due_at, finished_at, idempotency_key, parent, wait JSON, priority, keys JSON; bookkeeping: lease_token, lease_expires_at, worker, cancel_requested, resumed, nosteps (set at creation, cleared by the first step: a claim skips the step keys), wait_step, wait_event, wait_ver, wait_run, resolution (what waiters on it receive once it ended); flow: rank_offset, cgate + climit, tgate + tlimit + tperiod, dgate, parked (the gate it waits on); up (the hash is no longer packed: see `UNPACK_COST`). The id and tenant are the key's (runs written before also kept them here); attempt, lease_token, resumed, cancel_requested, rank_offset and priority are absent while `0` |
 //! | `P in:<id>` | string | the run's input when it is over 64 bytes (then the hash has none: it stays packed) |
 //! | `P att:<id>` | list | executions: `number\|started_at\|worker JSON`, then `\n finished_at\|fuel\|suspended_until\|error JSON` once ended |
 //! | `P steps:<id>` | hash | `occurrence:name` → step output (first write wins) |
@@ -235,7 +235,7 @@ const COLLECT_MIN_IDLE: Duration = Duration::from_secs(3600);
 /// divided by N, with a tenant past the sizes where Redis packs small collections (128
 /// entries), so every index is a skiplist or hashtable (a smaller tenant is overcounted a
 /// little; `tests/tests/storage_usage.rs` checks a mixed workload within 10%):
-/// - `run`: the run's hash while packed (about 25 small fields: ~620 bytes; see
+/// - `run`: the run's hash while packed (about 17 small fields: ~550 bytes; see
 ///   `UNPACK_COST` for one that is not), its entries in `all`, `byfn:`, `st:` and
 ///   `ended:` (~130 bytes each, the zset's hash table included), and its `att:` list's
 ///   key (~250 bytes: nearly every run runs);
@@ -247,7 +247,7 @@ const COLLECT_MIN_IDLE: Duration = Duration::from_secs(3600);
 /// - `function`: its `fn:` hash (settings included), its entries in `fns` and `sub:`, and
 ///   its component's key.
 pub(crate) const COST: CostModel = CostModel {
-    run: 1_225,
+    run: 1_160,
     attempt: 50,
     step: 40,
     log_line: 5,
@@ -263,7 +263,7 @@ pub(crate) const KEY_COST: u64 = 135;
 /// converts it for good at the first longer one (an input, output or error over 64
 /// bytes). Measured with the storage_cost bench (tiny runs against runs with 1, 10 and
 /// 100 KB inputs and outputs).
-pub(crate) const UNPACK_COST: u64 = 1_050;
+pub(crate) const UNPACK_COST: u64 = 820;
 /// An input over 64 bytes kept in its own key, `in:<id>` (so the run's hash stays
 /// packed): the key's entry, its name besides the tenant's prefix, and the string's
 /// headers.
