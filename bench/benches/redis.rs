@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use queue::{RedisStats, npm_peer, redis_api, redis_worker, until_idle};
 use tokio_util::sync::CancellationToken;
-use wasq_core::{DEFAULT_TENANT, EnqueueRequest, Queue, SystemClock};
+use wasq_core::SystemClock;
 use wasq_store_redis::RedisStore;
 use wasq_store_redis::testing::{RedisOptions, RedisServer};
 
@@ -50,27 +50,10 @@ async fn wasq(url: &str, port: u16, n: usize, guest: &str, http: bool) -> (f64, 
     );
     let before = RedisStats::read(port);
     let start = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    for t in 0..CONCURRENCY {
-        let (store, guest) = (store.clone(), guest.to_owned());
-        tasks.spawn(async move {
-            for i in (t..n).step_by(CONCURRENCY) {
-                let req = EnqueueRequest {
-                    tenant: DEFAULT_TENANT.into(),
-                    function: guest.clone(),
-                    input: format!(r#"{{"i":{i}}}"#).into_bytes(),
-                    trigger: "bench".into(),
-                    due_at: None,
-                    idempotency_key: None,
-                    retry: None,
-                    parent: None,
-                    priority: None,
-                };
-                store.enqueue(req).await.unwrap();
-            }
-        });
-    }
-    tasks.join_all().await;
+    queue::enqueue_n(store.clone(), guest, n, CONCURRENCY, |i| {
+        format!(r#"{{"i":{i}}}"#).into_bytes()
+    })
+    .await;
     let enqueue = start.elapsed();
     let enqueued = RedisStats::read(port);
 

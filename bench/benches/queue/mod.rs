@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use wasq_core::{DEFAULT_TENANT, RunQuery, RunStatus, Runs};
+use wasq_core::{DEFAULT_TENANT, EnqueueRequest, Queue, RunQuery, RunStatus, Runs};
 
 /// The CPU time this process (the bench: its store, API server and worker) has used, in
 /// seconds: user + system from /proc/self/stat, in clock ticks of 10 ms.
@@ -112,6 +112,38 @@ impl RedisStats {
     }
 }
 
+/// Enqueues runs 0..n of `function` for the default tenant through the store API,
+/// `in_flight` at a time; run i's input is `input(i)`.
+pub(crate) async fn enqueue_n<Q: Queue + 'static>(
+    store: std::sync::Arc<Q>,
+    function: &str,
+    n: usize,
+    in_flight: usize,
+    input: fn(usize) -> Vec<u8>,
+) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..in_flight {
+        let (store, function) = (store.clone(), function.to_owned());
+        tasks.spawn(async move {
+            for i in (t..n).step_by(in_flight) {
+                let req = EnqueueRequest {
+                    tenant: DEFAULT_TENANT.into(),
+                    function: function.clone(),
+                    input: input(i),
+                    trigger: "bench".into(),
+                    due_at: None,
+                    idempotency_key: None,
+                    retry: None,
+                    parent: None,
+                    priority: None,
+                };
+                store.enqueue(req).await.unwrap();
+            }
+        });
+    }
+    tasks.join_all().await;
+}
+
 /// Whether the default tenant still has a queued or running run.
 async fn active(store: &impl Runs) -> bool {
     for status in [RunStatus::Queued, RunStatus::Running] {
@@ -215,16 +247,20 @@ pub(crate) fn peer_json(dir: &Path, program: &str, args: &[String]) -> serde_jso
         .unwrap_or_else(|e| panic!("{program} printed {line:?}, not one JSON line: {e}"))
 }
 
-/// Writes a benchmark's figures to `target/wasq-bench/<name>.json` (under
-/// `CARGO_TARGET_DIR` when set) and says where.
-pub(crate) fn write_json(name: &str, value: &serde_json::Value) {
+/// `target/wasq-bench/<name>.json` (under `CARGO_TARGET_DIR` when set): where a
+/// benchmark writes its figures.
+pub(crate) fn json_path(name: &str) -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(
         || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"),
         PathBuf::from,
     );
-    let dir = target.join("wasq-bench");
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("{name}.json"));
+    target.join("wasq-bench").join(format!("{name}.json"))
+}
+
+/// Writes a benchmark's figures to [`json_path`] and says where.
+pub(crate) fn write_json(name: &str, value: &serde_json::Value) {
+    let path = json_path(name);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(&path, serde_json::to_vec_pretty(value).unwrap()).unwrap();
     println!("  figures written to {}", path.display());
 }

@@ -117,6 +117,11 @@ pub struct SandboxConfig {
     /// hosts: for `wasq dev --allow-loopback-egress` and tests. Every other private,
     /// link-local or reserved address stays refused.
     pub allow_loopback_egress: bool,
+    /// Benchmarks only: an attempt returns its input without instantiating anything, so
+    /// that a benchmark can tell the queue's cost from the sandbox's. No limit applies and
+    /// no guest code runs; never set by the daemon's configuration.
+    #[doc(hidden)]
+    pub stub_guests: bool,
     /// Timeouts and caps of outbound HTTP.
     pub egress: EgressConfig,
     /// What a guest's sleeps, waits and log lines read as now: the caller's clock (the
@@ -142,6 +147,7 @@ impl Default for SandboxConfig {
             max_loaded_components: 256,
             max_cached_artifacts: 2_048,
             allow_loopback_egress: false,
+            stub_guests: false,
             egress: EgressConfig::default(),
             clock: Arc::new(SystemClock),
         }
@@ -547,6 +553,14 @@ impl Sandbox {
     pub async fn run(&self, spec: AttemptSpec) -> AttemptResult {
         use futures_util::FutureExt;
         let start = Instant::now();
+        if self.inner.config.stub_guests {
+            return AttemptResult {
+                outcome: AttemptOutcome::Output(spec.input),
+                fuel_used: 0,
+                peak_memory_bytes: 0,
+                duration: start.elapsed(),
+            };
+        }
         // Contain a panic in this crate without a task of its own: spawning would cost a
         // cross-thread wake-up per attempt (measured: 75 µs vs 190 µs per run of `hello`).
         let attempt = std::panic::AssertUnwindSafe(attempt(self.inner.clone(), spec, start));
