@@ -26,7 +26,8 @@
 //!
 //! `cargo bench -p wasq-bench --bench compare`. `WASQ_BENCH_N` (runs per drain, default
 //! 10000; concurrency 1 drains a tenth), `WASQ_BENCH_REPEAT` (default 3),
-//! `WASQ_BENCH_QUICK=1` (one repeat of N=2000, concurrency 50 only, no child benchmarks).
+//! `WASQ_BENCH_QUICK=1` (one repeat of N=2000, concurrency 50 only, no child benchmarks),
+//! `WASQ_BENCH_PERF=1` (a `perf` profile of each wasq drain at c=50, see [`Profile`]).
 //! Writes every sample and median to `target/wasq-bench/compare.json`.
 
 mod queue;
@@ -108,6 +109,42 @@ impl Guest {
     }
 }
 
+/// With `WASQ_BENCH_PERF=1`, a `perf record -g` of the bench process and Redis during a
+/// c=50 drain, written to `target/wasq-bench/perf-<what>.data` (render with `perf script
+/// -i FILE | inferno-collapse-perf | inferno-flamegraph > FILE.svg`). Stops on drop.
+struct Profile(Option<std::process::Child>);
+
+impl Profile {
+    fn start(what: &str, redis: &RedisServer) -> Profile {
+        if std::env::var("WASQ_BENCH_PERF").map_or(true, |v| v != "1") {
+            return Profile(None);
+        }
+        let out =
+            queue::json_path(&format!("perf-{}", what.replace(' ', "-"))).with_extension("data");
+        let pids = format!("{},{}", std::process::id(), redis.pid().unwrap_or(0));
+        let child = Command::new("perf")
+            .args(["record", "-F", "999", "-g", "--quiet", "-p", &pids, "-o"])
+            .arg(&out)
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| println!("  (perf could not start: {e})"))
+            .ok();
+        Profile(child)
+    }
+}
+
+impl Drop for Profile {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            // perf writes its file on SIGINT.
+            let _ = Command::new("kill")
+                .args(["-INT", &child.id().to_string()])
+                .status();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// What a Redis server spent between two readings, per run.
 fn per_run(before: &RedisStats, after: &RedisStats, runs: usize) -> (f64, f64, f64) {
     let n = runs as f64;
@@ -165,12 +202,18 @@ async fn wasq(opts: &Opts, guest: Guest, c: usize, s: &mut Samples) {
     config.sandbox.stub_guests = matches!(guest, Guest::Stubbed);
     let own = process_cpu();
     let start = Instant::now();
+    let profile = if c == 50 {
+        Profile::start(sys, &redis)
+    } else {
+        Profile(None)
+    };
     let stop_worker = CancellationToken::new();
     let worker = wasq_server::start(config, stop_worker.clone())
         .await
         .unwrap();
     until_idle(&*store).await;
     let drained_in = start.elapsed();
+    drop(profile);
     let drained = RedisStats::read(port);
     add(
         s,
