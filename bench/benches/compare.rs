@@ -145,21 +145,6 @@ impl Drop for Profile {
     }
 }
 
-/// What a Redis server spent between two readings, per run.
-fn per_run(before: &RedisStats, after: &RedisStats, runs: usize) -> (f64, f64, f64) {
-    let n = runs as f64;
-    let calls: u64 = after
-        .commands
-        .iter()
-        .map(|(name, (c, _))| c - before.commands.get(name).map_or(0, |b| b.0))
-        .sum();
-    (
-        (after.cpu - before.cpu) * 1e6 / n,
-        calls as f64 / n,
-        (after.memory - before.memory) / n,
-    )
-}
-
 /// One wasq phase on a fresh Redis: N runs enqueued through the store API, then drained by
 /// the real worker at concurrency `c`; at concurrency 50 with the no-op guest, N/2 runs
 /// are then created over HTTP too.
@@ -184,7 +169,7 @@ async fn wasq(opts: &Opts, guest: Guest, c: usize, s: &mut Samples) {
     let created = start.elapsed();
     let queued = RedisStats::read(port);
     if c == 50 {
-        let (cpu, calls, memory) = per_run(&before, &queued, n);
+        let (cpu, calls, memory) = before.per_run(&queued, n);
         add(
             s,
             format!("create single, {IN_FLIGHT} in flight (runs/s)"),
@@ -222,7 +207,7 @@ async fn wasq(opts: &Opts, guest: Guest, c: usize, s: &mut Samples) {
         n as f64 / drained_in.as_secs_f64(),
     );
     if c == 50 {
-        let (cpu, calls, _) = per_run(&queued, &drained, n);
+        let (cpu, calls, _) = queued.per_run(&drained, n);
         add(s, "Redis CPU per drained run (µs)", sys, cpu);
         add(s, "Redis commands per drained run", sys, calls);
         let own = (process_cpu() - own) * 1e6 / n as f64;
@@ -234,23 +219,14 @@ async fn wasq(opts: &Opts, guest: Guest, c: usize, s: &mut Samples) {
     if c == 50 && matches!(guest, Guest::NoOp) {
         let http_n = n / 2;
         let path = format!("/v1/functions/{function}/runs");
-        let body = String::from_utf8(payload(0)).unwrap();
         let before = RedisStats::read(port);
         let start = Instant::now();
-        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let mut tasks = tokio::task::JoinSet::new();
-        for _ in 0..HTTP_IN_FLIGHT {
-            let (api, next, path, body) = (api.clone(), next.clone(), path.clone(), body.clone());
-            tasks.spawn(async move {
-                while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < http_n {
-                    let (status, answer) = api.post(&path, &body).await;
-                    assert_eq!(status, 201, "{answer}");
-                }
-            });
-        }
-        tasks.join_all().await;
+        queue::create_over_http(api, &path, http_n, HTTP_IN_FLIGHT, |_| {
+            String::from_utf8(payload(0)).unwrap()
+        })
+        .await;
         let rate = http_n as f64 / start.elapsed().as_secs_f64();
-        let (cpu, _, _) = per_run(&before, &RedisStats::read(port), http_n);
+        let (cpu, _, _) = before.per_run(&RedisStats::read(port), http_n);
         add(
             s,
             format!("create over HTTP, {HTTP_IN_FLIGHT} in flight (runs/s)"),
@@ -334,12 +310,12 @@ fn peer(opts: &Opts, system: &str, c: usize, mode: &str, s: &mut Samples) {
         v["per_sec"].as_f64().unwrap(),
     );
     if c == 50 {
-        let (cpu, calls, memory) = per_run(&before, &queued, n);
+        let (cpu, calls, memory) = before.per_run(&queued, n);
         add(s, "create batch of 1000 (runs/s)", system, added);
         add(s, "Redis CPU per create (µs)", system, cpu);
         add(s, "Redis commands per create", system, calls);
         add(s, "Redis memory per queued run (B)", system, memory);
-        let (cpu, calls, _) = per_run(&queued, &drained, n);
+        let (cpu, calls, _) = queued.per_run(&drained, n);
         add(s, "Redis CPU per drained run (µs)", system, cpu);
         add(s, "Redis commands per drained run", system, calls);
     }
@@ -542,10 +518,10 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let mut kept: Samples = BTreeMap::new();
-    let mut loaded: Samples = BTreeMap::new();
-    let (mut best, mut discarded, mut attempts) = (f64::MAX, 0, 0);
-    while kept_repeats(&kept) < opts.repeat && attempts < opts.repeat + 2 {
+    let (mut kept, mut loaded) = (Samples::new(), Samples::new());
+    let (mut kept_n, mut loaded_n) = (0, 0);
+    let (mut best, mut attempts) = (f64::MAX, 0);
+    while kept_n < opts.repeat && attempts < opts.repeat + 2 {
         attempts += 1;
         wait_quiet();
         let before = calibrate();
@@ -565,34 +541,32 @@ fn main() {
             if quiet { "kept" } else { "discarded as loaded" },
             steal * 100.0
         );
-        let into = if quiet { &mut kept } else { &mut loaded };
+        let (into, count) = if quiet {
+            (&mut kept, &mut kept_n)
+        } else {
+            (&mut loaded, &mut loaded_n)
+        };
         for (k, v) in samples {
             into.entry(k).or_default().extend(v);
         }
-        into.entry("repeats|-".into()).or_default().push(1.0);
-        discarded += usize::from(!quiet);
+        *count += 1;
     }
-    if kept_repeats(&kept) == 0 {
+    if kept_n == 0 {
         // Better loaded figures, said to be such, than none.
         println!("no repeat ran on a quiet machine: the figures below are from loaded ones");
-        kept = loaded;
+        report(&opts, &loaded, loaded_n, loaded_n);
+    } else {
+        report(&opts, &kept, kept_n, loaded_n);
     }
-    report(&opts, &kept, discarded);
-}
-
-fn kept_repeats(s: &Samples) -> usize {
-    s.get("repeats|-").map_or(0, Vec::len)
 }
 
 /// Prints one table (a row per workload, a column per system, wasq's ratios to each peer)
 /// and writes the samples and medians as JSON.
-fn report(opts: &Opts, s: &Samples, discarded: usize) {
+fn report(opts: &Opts, s: &Samples, repeats: usize, discarded: usize) {
     let mut rows: BTreeMap<&str, BTreeMap<&str, f64>> = BTreeMap::new();
     for (key, v) in s {
         let (workload, system) = key.split_once('|').unwrap();
-        if system != "-" {
-            rows.entry(workload).or_default().insert(system, median(v));
-        }
+        rows.entry(workload).or_default().insert(system, median(v));
     }
     let systems = [
         "wasq no-op",
@@ -605,7 +579,7 @@ fn report(opts: &Opts, s: &Samples, discarded: usize) {
     ];
     println!(
         "\nwasq beside its peers, medians of {} repeat(s) ({discarded} discarded as loaded), N = {}, {} cores:",
-        kept_repeats(s),
+        repeats,
         opts.n,
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
@@ -636,12 +610,11 @@ fn report(opts: &Opts, s: &Samples, discarded: usize) {
         }
         println!("{line}  {}", ratios.join(", "));
     }
-    let medians: BTreeMap<&str, &BTreeMap<&str, f64>> = rows.iter().map(|(k, v)| (*k, v)).collect();
     queue::write_json(
         "compare",
         &serde_json::json!({
-            "n": opts.n, "repeats": kept_repeats(s), "discarded": discarded,
-            "medians": medians, "samples": s,
+            "n": opts.n, "repeats": repeats, "discarded": discarded,
+            "medians": rows, "samples": s,
         }),
     );
 }

@@ -19,7 +19,6 @@
 mod queue;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
@@ -64,23 +63,10 @@ async fn wasq(n: usize) -> Figures {
     api.deploy("one_step", wasq_tests::guest("one_step"), "")
         .await;
     let (cpu, start) = (process_cpu(), Instant::now());
-    let next = Arc::new(AtomicUsize::new(0));
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..HTTP_IN_FLIGHT {
-        let (api, next) = (api.clone(), next.clone());
-        tasks.spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= n {
-                    break;
-                }
-                let body = format!(r#"{{"i":{i},"pad":"{}"}}"#, "x".repeat(80));
-                let (status, body) = api.post("/v1/functions/one_step/runs", &body).await;
-                assert_eq!(status, 201, "{body}");
-            }
-        });
-    }
-    tasks.join_all().await;
+    queue::create_over_http(api, "/v1/functions/one_step/runs", n, HTTP_IN_FLIGHT, |i| {
+        format!(r#"{{"i":{i},"pad":"{}"}}"#, "x".repeat(80))
+    })
+    .await;
     let create = start.elapsed();
     let create_cpu = process_cpu() - cpu;
     shutdown.cancel();

@@ -62,18 +62,10 @@ async fn wasq(url: &str, port: u16, n: usize, guest: &str, http: bool) -> (f64, 
     let http_n = if http { n / 2 } else { 0 };
     let path = format!("/v1/functions/{guest}/runs");
     let start = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
-    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    for _ in 0..HTTP_IN_FLIGHT {
-        let (api, next, path) = (api.clone(), next.clone(), path.clone());
-        tasks.spawn(async move {
-            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < http_n {
-                let (status, body) = api.post(&path, r#"{"i":0}"#).await;
-                assert_eq!(status, 201, "{body}");
-            }
-        });
-    }
-    tasks.join_all().await;
+    queue::create_over_http(api.clone(), &path, http_n, HTTP_IN_FLIGHT, |_| {
+        r#"{"i":0}"#.to_owned()
+    })
+    .await;
     let created = start.elapsed();
     let http_created = RedisStats::read(port);
 

@@ -76,16 +76,29 @@ impl RedisStats {
         }
     }
 
+    /// What Redis spent from `self` to `later`, per run: CPU µs, commands (those scripts
+    /// call included) and bytes of memory.
+    pub(crate) fn per_run(&self, later: &RedisStats, runs: usize) -> (f64, f64, f64) {
+        let n = runs as f64;
+        let calls: u64 = later
+            .commands
+            .iter()
+            .map(|(name, (c, _))| c - self.commands.get(name).map_or(0, |b| b.0))
+            .sum();
+        (
+            (later.cpu - self.cpu) * 1e6 / n,
+            calls as f64 / n,
+            (later.memory - self.memory) / n,
+        )
+    }
+
     /// Prints what `self` .. `later` cost per run: Redis CPU and memory, this process's CPU
     /// (when `own`: the work was done here, not by a child process), and calls and µs of
     /// each command.
     pub(crate) fn report(&self, later: &RedisStats, what: &str, runs: usize, own: bool) {
         let n = runs as f64;
-        let mut line = format!(
-            "  {what}: redis {:.1} µs CPU/run, {:+.0} B/run;",
-            (later.cpu - self.cpu) * 1e6 / n,
-            (later.memory - self.memory) / n,
-        );
+        let (cpu, _, memory) = self.per_run(later, runs);
+        let mut line = format!("  {what}: redis {cpu:.1} µs CPU/run, {memory:+.0} B/run;");
         if own {
             let own = (later.own_cpu - self.own_cpu) * 1e6 / n;
             line.push_str(&format!(" bench process {own:.0} µs CPU/run;"));
@@ -110,6 +123,34 @@ impl RedisStats {
         }
         println!("{line}");
     }
+}
+
+/// Creates runs 0..n over the HTTP API (`POST path`, body `body(i)`), `in_flight`
+/// requests at a time; each must answer 201.
+pub(crate) async fn create_over_http(
+    api: std::sync::Arc<wasq_tests::Api>,
+    path: &str,
+    n: usize,
+    in_flight: usize,
+    body: fn(usize) -> String,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let next = std::sync::Arc::new(AtomicUsize::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..in_flight {
+        let (api, next, path) = (api.clone(), next.clone(), path.to_owned());
+        tasks.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    break;
+                }
+                let (status, answer) = api.post(&path, &body(i)).await;
+                assert_eq!(status, 201, "{answer}");
+            }
+        });
+    }
+    tasks.join_all().await;
 }
 
 /// Enqueues runs 0..n of `function` for the default tenant through the store API,
