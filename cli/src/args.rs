@@ -253,11 +253,16 @@ pub(crate) fn at_least_one(s: &str) -> Result<usize, String> {
 #[derive(Debug, Args)]
 pub(crate) struct WorkerArgs {
     /// The shared Redis: redis://host:port[/db] or redis+cluster://host:port,host:port,...
+    /// Without it, the embedded store in --data (while no `wasq dev` holds that folder).
     #[arg(long, env = "WASQ_REDIS")]
-    pub(crate) redis: String,
+    pub(crate) redis: Option<String>,
     /// Runs executed at once (default: 4 per core).
     #[arg(long)]
     pub(crate) concurrency: Option<usize>,
+    /// Run what is due, wait for the attempts started, then exit 0: for batch jobs and
+    /// CI. Runs due later (delayed, backing off, sleeping) and waiting runs are left.
+    #[arg(long)]
+    pub(crate) burst: bool,
     #[command(flatten)]
     pub(crate) daemon: DaemonArgs,
 }
@@ -343,6 +348,13 @@ pub(crate) struct RunArgs {
     /// Overrides the function's priority for this run (lower starts first).
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) priority: Option<i32>,
+    /// Start no sooner than this long from now, e.g. 30s, 2h (at most 366 days).
+    #[arg(long, value_parser = units::parse_duration, conflicts_with = "at")]
+    pub(crate) delay: Option<Duration>,
+    /// Start no sooner than this time, RFC 3339: 2026-12-24T18:00:00Z or with an offset
+    /// (+01:00). A time already past means now.
+    #[arg(long)]
+    pub(crate) at: Option<String>,
     /// How to print: a table for people, or JSON for programs.
     #[arg(long, value_enum, default_value_t)]
     pub(crate) output: Output,

@@ -64,8 +64,14 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode> {
     if config.concurrency == 0 {
         bail!("--concurrency must be at least 1 for a worker");
     }
-    config.store = wasq_server::StoreBackend::Redis(args.redis.clone());
-    let place = format!("Redis at {}", args.redis);
+    config.burst = args.burst;
+    let place = match &args.redis {
+        Some(url) => {
+            config.store = wasq_server::StoreBackend::Redis(url.clone());
+            format!("Redis at {url}")
+        }
+        None => format!("data in {}", args.daemon.data.display()),
+    };
     serve_until_signal("wasq worker", config, place, args.daemon.log_format).await
 }
 
@@ -84,6 +90,7 @@ pub(crate) async fn serve_until_signal(
     // cache) is its user's alone; the data folder itself is made 0700 by wasq-server.
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     let concurrency = config.concurrency;
+    let burst = config.burst;
     let data = config.data_dir.clone();
     let shutdown = CancellationToken::new();
     // Before starting: a daemon waiting for its Redis stops on Ctrl-C / SIGTERM too.
@@ -100,6 +107,11 @@ pub(crate) async fn serve_until_signal(
                     data.display()
                 );
             }
+        }
+        None if burst => {
+            outln!(
+                "{verb}: running what is due, up to {concurrency} at once ({place}), then exiting"
+            )
         }
         None => {
             outln!("{verb}: running up to {concurrency} runs at once ({place}); Ctrl-C to stop")

@@ -11,6 +11,12 @@ pub(crate) async fn run(client: Client, args: RunArgs) -> Result<ExitCode> {
     let mut params = vec![];
     params.extend(args.max_attempts.map(|n| format!("max_attempts={n}")));
     params.extend(args.priority.map(|n| format!("priority={n}")));
+    params.extend(args.delay.map(|d| format!("delay={}ms", d.as_millis())));
+    params.extend(
+        args.at
+            .as_deref()
+            .map(|t| format!("at={}", client::path_segment(t))),
+    );
     if !params.is_empty() {
         path.push('?');
         path.push_str(&params.join("&"));
@@ -19,6 +25,18 @@ pub(crate) async fn run(client: Client, args: RunArgs) -> Result<ExitCode> {
         .post_run(&path, input, args.idempotency_key.as_deref())
         .await?;
     let id = str_of(&run["id"]).to_owned();
+    if views::is_delayed(&run) && matches!(args.output, Output::Table) {
+        // The id stays alone on stdout, for scripts; when it starts is for people.
+        let due = run["due_at"].as_i64().unwrap_or(0);
+        let ahead = due - run["updated_at"].as_i64().unwrap_or(due);
+        errln!(
+            "run {} {}, due {} (in {})",
+            out::line(&id, out::SHORT),
+            out::field(&run["status"]),
+            units::format_time_ms(due),
+            humantime::format_duration(Duration::from_millis(ahead.max(0) as u64))
+        );
+    }
     if !args.wait {
         match args.output {
             Output::Json => outln!("{}", out::json(&run, true)),

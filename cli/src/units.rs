@@ -99,6 +99,12 @@ pub(crate) fn format_time(ms: i64) -> String {
     humantime::format_rfc3339_seconds(t).to_string()
 }
 
+/// Unix milliseconds as RFC 3339 UTC, to the millisecond.
+pub(crate) fn format_time_ms(ms: i64) -> String {
+    let t = UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

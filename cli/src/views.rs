@@ -57,12 +57,18 @@ pub(crate) fn status_line(run: &Value) -> String {
             None => "waiting for a child run".to_owned(),
         },
         "sleeping" => format!("sleeping until {}", time(&run["due_at"])),
+        "queued" if is_delayed(run) => format!("queued until {}", time(&run["due_at"])),
         _ => status,
     };
     if let Some(msg) = run["progress"]["message"].as_str() {
         line = format!("{line}: {}", out::line(msg, SHORT));
     }
     line
+}
+
+/// A queued run due after it was last queued: delayed, or waiting out a retry's backoff.
+pub(crate) fn is_delayed(run: &Value) -> bool {
+    run["due_at"].as_i64() > run["updated_at"].as_i64()
 }
 
 pub(crate) fn runs(runs: &Value, output: Output) {
@@ -104,6 +110,9 @@ pub(crate) fn run(run: &Value, output: Output) {
         t.add_row(vec![key.to_owned(), out::field(&run[key])]);
     }
     t.add_row(vec!["created".into(), time(&run["created_at"])]);
+    if matches!(str_of(&run["status"]), "queued" | "sleeping") {
+        t.add_row(vec!["due".into(), time(&run["due_at"])]);
+    }
     if !run["finished_at"].is_null() {
         t.add_row(vec!["finished".into(), time(&run["finished_at"])]);
     }

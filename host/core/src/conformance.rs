@@ -153,6 +153,11 @@ fn scenarios<S: Store + Directory>() -> Vec<(&'static str, &'static str, Scenari
             |s, c| Box::pin(actions::cancel_and_retry_say_who(s, c)),
         ),
         (
+            "delayed",
+            "a delayed run starts at its time, not before, and never once cancelled",
+            |s, c| Box::pin(actions::delayed(s, c)),
+        ),
+        (
             "run_id_prefixes",
             "a unique prefix of a run id finds the run",
             |s, c| Box::pin(actions::run_id_prefixes(s, c)),
@@ -364,6 +369,7 @@ macro_rules! conformance_tests {
             cancel,
             manual_retry,
             cancel_and_retry_say_who,
+            delayed,
             run_id_prefixes,
             idempotency,
             retry_override,
@@ -444,6 +450,25 @@ async fn enqueue(store: &impl Store, function: &str, input: &str) -> Run {
             input: input.as_bytes().to_vec(),
             trigger: "api".into(),
             due_at: None,
+            idempotency_key: None,
+            retry: None,
+            parent: None,
+            priority: None,
+        })
+        .await
+        .expect("enqueue")
+        .run
+}
+
+/// Enqueues a run asked to start at `due_at`.
+async fn enqueue_at(store: &impl Store, function: &str, input: &str, due_at: Millis) -> Run {
+    store
+        .enqueue(EnqueueRequest {
+            tenant: DEFAULT_TENANT.into(),
+            function: function.into(),
+            input: input.as_bytes().to_vec(),
+            trigger: "api".into(),
+            due_at: Some(due_at),
             idempotency_key: None,
             retry: None,
             parent: None,

@@ -519,5 +519,25 @@ pub fn queue_quota_exceeded(tenant: &str, max_queued: u64) -> StoreError {
     }
 }
 
+/// The furthest ahead a run may be asked to start (`?delay=`, `?at=`, `wasq run --delay`):
+/// 366 days. Further is more likely a unit mistake (milliseconds read as seconds) than a
+/// plan, and a year-long backlog of runs nobody can see start is storage held for
+/// nothing; what recurs is a cron schedule.
+pub const MAX_START_DELAY_MS: Millis = 366 * 86_400_000;
+
+/// The due time of a run asked to start at `at`: `at`, or now once `at` has passed (a
+/// past time would otherwise rank the run ahead of runs already waiting). Refused, with
+/// what to do instead, beyond [`MAX_START_DELAY_MS`] from now.
+pub fn requested_start(at: Millis, now: Millis) -> Result<Millis, String> {
+    if at.saturating_sub(now) > MAX_START_DELAY_MS {
+        return Err(format!(
+            "a run may start at most 366 days ahead; this one asks for {} days ahead \
+             (a cron schedule starts what recurs)",
+            at.saturating_sub(now) / 86_400_000
+        ));
+    }
+    Ok(at.max(now))
+}
+
 #[cfg(test)]
 mod tests;

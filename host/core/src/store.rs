@@ -183,7 +183,7 @@ pub struct EnqueueRequest {
     pub function: String,
     pub input: Vec<u8>,
     pub trigger: String,
-    /// Start no earlier than this; `None` = now.
+    /// Start no earlier than this; `None`, or a time already past, = now.
     pub due_at: Option<Millis>,
     /// A repeated key (same tenant and function) within [`IDEMPOTENCY_WINDOW_MS`] returns
     /// the existing run instead of creating one.
@@ -208,6 +208,13 @@ impl EnqueueRequest {
         settings
     }
 
+    /// When the run this request creates is due, before flow control moves it: the time
+    /// asked for, or now when none was or it has passed (see
+    /// [`crate::lifecycle::requested_start`]).
+    pub fn start_at(&self, now: Millis) -> Millis {
+        self.due_at.map_or(now, |at| at.max(now))
+    }
+
     /// The run this request creates, as every store creates it: queued, nothing run or
     /// stored yet, due when the request says (a store that debounces moves `due_at`).
     pub fn into_run(
@@ -218,6 +225,7 @@ impl EnqueueRequest {
         settings: FunctionSettings,
         plan: &crate::flow::FlowPlan,
     ) -> Run {
+        let due_at = self.start_at(now);
         Run {
             id,
             tenant: self.tenant,
@@ -238,7 +246,7 @@ impl EnqueueRequest {
             progress: None,
             created_at: now,
             updated_at: now,
-            due_at: self.due_at.unwrap_or(now),
+            due_at,
             finished_at: None,
             stored_bytes: 0,
             log_bytes: 0,

@@ -22,6 +22,10 @@ pub struct Config {
     pub scheduler: bool,
     /// Attempts run at once by this process; 0 runs no worker (API only).
     pub concurrency: usize,
+    /// Burst mode (`wasq worker --burst`): the worker stops once a claim finds nothing due
+    /// and every attempt it started has ended, and the daemon stops with it. Runs due
+    /// later (delayed, backing off, sleeping) and waiting runs are left for other workers.
+    pub burst: bool,
     /// How long a claimed run stays leased without renewal; renewed every third of it.
     pub lease: Duration,
     /// On shutdown, how long running attempts may take to finish before they are
@@ -128,6 +132,7 @@ impl Config {
             concurrency: std::thread::available_parallelism()
                 .map(|n| n.get() * 4)
                 .unwrap_or(8),
+            burst: false,
             lease: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),
             poll_interval: Duration::from_millis(200),

@@ -120,8 +120,17 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     } = assemble(config, &shutdown).await?;
     let task = tokio::spawn(async move {
         let guard = tokio::spawn(guard::watch(app.clone(), shutdown.clone()));
-        let worker = (app.config.concurrency > 0)
-            .then(|| tokio::spawn(worker::run(app.clone(), shutdown.clone())));
+        let worker = (app.config.concurrency > 0).then(|| {
+            let (app, shutdown) = (app.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                worker::run(app.clone(), shutdown.clone()).await;
+                if app.config.burst {
+                    // The burst is over: the rest of the daemon stops with its worker.
+                    tracing::info!("burst done: nothing more is due");
+                    shutdown.cancel();
+                }
+            })
+        });
         let scheduler = app.config.scheduler.then(|| {
             (
                 tokio::spawn(purge_expired(app.clone(), shutdown.clone())),

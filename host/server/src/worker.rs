@@ -173,6 +173,18 @@ pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
         backlog = claimed.len() >= free;
         if claimed.is_empty() {
             drop(first);
+            if app.config.burst {
+                // Nothing due now: done once the attempts started have ended (one of
+                // them may requeue its run, due at once: claim again after each).
+                if attempts.is_empty() {
+                    break;
+                }
+                tokio::select! {
+                    _ = attempts.join_next() => {}
+                    _ = shutdown.cancelled() => {}
+                }
+                continue;
+            }
             wait_for_work(&app, &shutdown).await;
             continue;
         }
@@ -211,7 +223,7 @@ pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
         }
         // Reap finished tasks so the set does not grow without bound.
         while attempts.try_join_next().is_some() {}
-        if !backlog {
+        if !backlog && !app.config.burst {
             // The store had no more due runs than this: asking again at once would find
             // none. New work wakes the loop (a create here, a wake-up from the store).
             wait_for_work(&app, &shutdown).await;

@@ -116,7 +116,7 @@ pub(crate) fn prepare(
             .as_ref()
             .and_then(|g| space.debounce.get(&g.id))
             .and_then(|pending| pending.first().cloned());
-        let mut due = req.due_at.unwrap_or(now);
+        let mut due = req.start_at(now);
         if let Some(g) = &plan.debounce {
             due = due.max(now.saturating_add(g.period_ms as i64));
         }

@@ -22,7 +22,7 @@ impl RedisStore {
                 .s(&req.function)
                 .b(req.input.clone())
                 .s(&req.trigger)
-                .opt_n(req.due_at)
+                .opt_n(req.due_at.map(|_| req.start_at(now)))
                 .s(req.idempotency_key.as_deref().unwrap_or(""))
                 .b(match &req.retry {
                     Some(r) => to_json(r)?,

@@ -98,7 +98,7 @@ pub(crate) fn insert_run(
         let t = lifecycle::skip(&old.id, lifecycle::debounced_error(&id), now);
         apply(tx, &old, &t, now)?;
     }
-    let mut due = req.due_at.unwrap_or(now);
+    let mut due = req.start_at(now);
     if let Some(g) = &plan.debounce {
         due = due.max(now + g.period_ms as i64);
     }

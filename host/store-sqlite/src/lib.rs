@@ -311,6 +311,36 @@ impl Queue for SqliteStore {
             .map(|end| self.tx(move |tx, now| attempt::end(tx, now, end)));
         futures_util::future::join_all(calls).await
     }
+
+    /// Sleeps until the earliest time something becomes due (a delayed or backing-off
+    /// run, a sleep, a wait's timeout, a throttle reopening), or `max`: an idle worker
+    /// starts a delayed run on time, not at its next poll. Only one process uses this
+    /// store, and runs created in it wake its worker directly.
+    async fn wait_for_work(&self, max: std::time::Duration) -> Result<(), StoreError> {
+        let ahead = self
+            .tx(|tx, now| {
+                tx.row(
+                    "SELECT MIN(at) FROM (
+                         SELECT MIN(due_at) AS at FROM runs
+                             WHERE status IN ('queued', 'sleeping') AND promoted = 0
+                         UNION ALL SELECT MIN(due_at) FROM runs WHERE status = 'waiting'
+                         UNION ALL SELECT MIN(at) FROM gate_timers)",
+                    [],
+                    |r| r.get::<_, Option<i64>>(0),
+                )
+                .map(|at| at.map(|at| at.saturating_sub(now)))
+                .map_err(internal)
+            })
+            .await?;
+        // A claim promotes, resolves or opens everything due, so what is due already
+        // became due since: claim again (after a millisecond, should a bug leave it due).
+        let wait = match ahead {
+            Some(ms) => max.min(std::time::Duration::from_millis(ms.max(1) as u64)),
+            None => max,
+        };
+        tokio::time::sleep(wait).await;
+        Ok(())
+    }
 }
 
 #[async_trait]

@@ -294,3 +294,48 @@ pub(super) async fn manual_retry(store: impl Store, clock: ManualClock) {
         .unwrap();
     assert_eq!(r.status, RunStatus::Queued);
 }
+
+/// A run asked to start later (`?delay=`, `?at=`) is queued with that due time, starts
+/// not a millisecond early, and never once cancelled; a time already past means now.
+pub(super) async fn delayed(store: impl Store, clock: ManualClock) {
+    deploy_fn(&store, "f", "d", 3).await;
+    let first = enqueue(&store, "f", "1").await;
+    clock.advance(10);
+    // A past time would otherwise rank the run ahead of the one already waiting.
+    let past = enqueue_at(&store, "f", "2", T0 - 60_000).await;
+    assert_eq!((past.status, past.due_at), (RunStatus::Queued, T0 + 10));
+    let later = enqueue_at(&store, "f", "3", T0 + 2_000).await;
+    let cancelled = enqueue_at(&store, "f", "4", T0 + 2_000).await;
+    assert_eq!(
+        (later.status, later.due_at),
+        (RunStatus::Queued, T0 + 2_000)
+    );
+    assert_eq!(detail(&store, &later.id).await.run.due_at, T0 + 2_000);
+    let mut started = claim(&store, "w", 10).await;
+    assert_eq!(ids(&started), [first.id.clone(), past.id.clone()]);
+    let r = store
+        .cancel(RunAction::cancel(DEFAULT_TENANT, &cancelled.id, "key:k1"))
+        .await
+        .unwrap();
+    assert_eq!(r.status, RunStatus::Cancelled);
+    clock.set(T0 + 1_999);
+    assert!(
+        claim(&store, "w", 10).await.is_empty(),
+        "not a millisecond early"
+    );
+    clock.set(T0 + 2_000);
+    let on_time = claim(&store, "w", 10).await;
+    assert_eq!(ids(&on_time), std::slice::from_ref(&later.id));
+    started.extend(on_time);
+    for c in started {
+        store.finish(&c.lease, ok()).await.unwrap();
+    }
+    clock.advance(60_000);
+    assert!(
+        claim(&store, "w", 10).await.is_empty(),
+        "a cancelled delayed run never starts"
+    );
+    let d = detail(&store, &cancelled.id).await;
+    assert_eq!(d.run.status, RunStatus::Cancelled);
+    assert!(d.attempts.is_empty(), "{:?}", d.attempts);
+}

@@ -18,9 +18,44 @@ pub(crate) struct RunParams {
     pub(crate) retry_traps: Option<bool>,
     /// Overrides the function's priority for this run (lower starts first).
     pub(crate) priority: Option<i32>,
+    /// Start no sooner than this long from now (e.g. `30s`, `2h`).
+    pub(crate) delay: Option<String>,
+    /// Start no sooner than this time (RFC 3339, e.g. `2026-12-24T18:00:00Z`); a time
+    /// already past means now.
+    pub(crate) at: Option<String>,
 }
 
 impl RunParams {
+    /// When the run is due, if it asked to start later: `?delay=` or `?at=`, not both,
+    /// within [`lifecycle::MAX_START_DELAY_MS`].
+    pub(crate) fn start_at(&self, now: clock::Millis) -> Result<Option<clock::Millis>, ApiError> {
+        let bad = |m: String| ApiError::bad_request("bad_query", m);
+        let at = match (&self.delay, &self.at) {
+            (None, None) => return Ok(None),
+            (Some(_), Some(_)) => {
+                return Err(bad("give delay or at, not both".into()));
+            }
+            (Some(d), None) => {
+                let d = wasq_core::duration::parse(d).map_err(|e| {
+                    bad(format!(
+                        "delay must be a duration like 30s or 2h, got {d:?}: {e}"
+                    ))
+                })?;
+                now.saturating_add(
+                    clock::Millis::try_from(d.as_millis()).unwrap_or(clock::Millis::MAX),
+                )
+            }
+            (None, Some(t)) => chrono::DateTime::parse_from_rfc3339(t)
+                .map_err(|e| {
+                    bad(format!(
+                        "at must be an RFC 3339 time like 2026-12-24T18:00:00Z, got {t:?}: {e}"
+                    ))
+                })?
+                .timestamp_millis(),
+        };
+        lifecycle::requested_start(at, now).map(Some).map_err(bad)
+    }
+
     pub(crate) fn overrides_retry(&self) -> bool {
         self.max_attempts.is_some()
             || self.initial_backoff_ms.is_some()
@@ -104,6 +139,7 @@ pub(crate) async fn create_run(
     if let Some(p) = params.priority {
         flow::check_priority(p).map_err(|m| ApiError::bad_request("bad_query", m))?;
     }
+    let due_at = params.start_at(app.now())?;
     let retry = if params.overrides_retry() {
         let f = function_or_404(&app, &scope.tenant, &name).await?;
         Some(params.retry(f.settings.retry)?)
@@ -117,7 +153,7 @@ pub(crate) async fn create_run(
             function: name,
             input,
             trigger: "api".into(),
-            due_at: None,
+            due_at,
             idempotency_key,
             retry,
             parent: None,
