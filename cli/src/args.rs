@@ -335,6 +335,10 @@ pub(crate) struct RunArgs {
     /// Input JSON, or @FILE to read it from a file.
     #[arg(long, default_value = "{}")]
     pub(crate) input: String,
+    /// Start one run per line of this JSON Lines file (`-` reads stdin), 1,000 per
+    /// request, each request all or nothing; prints the ids in order.
+    #[arg(long, conflicts_with_all = ["input", "wait", "idempotency_key", "max_attempts"])]
+    pub(crate) inputs: Option<PathBuf>,
     /// Wait for the run to end and print its output.
     #[arg(long)]
     pub(crate) wait: bool,

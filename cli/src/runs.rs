@@ -3,6 +3,9 @@
 use super::*;
 
 pub(crate) async fn run(client: Client, args: RunArgs) -> Result<ExitCode> {
+    if let Some(file) = &args.inputs {
+        return run_many(client, file, &args).await;
+    }
     let input = read_json_arg(&args.input, "--input")?.to_string();
     let mut path = format!(
         "/v1/functions/{}/runs",
@@ -164,3 +167,65 @@ pub(crate) async fn logs(
 
 /// Log lines asked for per page (the server's maximum).
 pub(crate) const LOG_PAGE_LINES: usize = 10_000;
+
+/// `wasq run NAME --inputs FILE.jsonl`: one run per line, in batches of the API's
+/// most (`POST .../runs:batch`), each all or nothing; the ids in order, one per line.
+async fn run_many(client: Client, file: &std::path::Path, args: &RunArgs) -> Result<ExitCode> {
+    use std::io::Read as _;
+    let mut text = String::new();
+    if file.as_os_str() == "-" {
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .context("cannot read the inputs from stdin")?;
+    } else {
+        text = std::fs::read_to_string(file)
+            .with_context(|| format!("cannot read --inputs file {}", file.display()))?;
+    }
+    let mut runs = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let input: Value = serde_json::from_str(line)
+            .with_context(|| format!("line {} of {} is not valid JSON", n + 1, file.display()))?;
+        let mut run = serde_json::json!({ "input": input });
+        if let Some(d) = args.delay {
+            run["delay"] = format!("{}ms", d.as_millis()).into();
+        }
+        if let Some(at) = &args.at {
+            run["at"] = at.clone().into();
+        }
+        if let Some(p) = args.priority {
+            run["priority"] = p.into();
+        }
+        runs.push(run);
+    }
+    if runs.is_empty() {
+        bail!("{} has no inputs (one JSON value per line)", file.display());
+    }
+    let path = format!(
+        "/v1/functions/{}/runs:batch",
+        client::path_segment(&args.function)
+    );
+    let (total, mut started) = (runs.len(), 0);
+    for chunk in runs.chunks(BATCH) {
+        let body = serde_json::json!({ "runs": chunk }).to_string();
+        let answer = client.post_json(&path, body).await.with_context(|| {
+            format!(
+                "started {started} of {total} runs (their ids are above); the next {} were refused",
+                chunk.len()
+            )
+        })?;
+        for run in answer["runs"].as_array().into_iter().flatten() {
+            match args.output {
+                Output::Json => outln!("{}", out::json(run, false)),
+                Output::Table => outln!("{}", out::line(str_of(&run["id"]), out::SHORT)),
+            }
+        }
+        started += chunk.len();
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs per batch request: the API's most.
+const BATCH: usize = 1000;

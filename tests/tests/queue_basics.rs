@@ -261,3 +261,170 @@ async fn burst_worker_drains_the_embedded_store_and_exits_0() {
     let ended = statuses(&dev.api, &ids).await;
     assert!(ended.iter().all(|s| s == "succeeded"), "{ended:?}");
 }
+
+/// A batch of 1,000 inputs in one request: all 1,000 runs complete. Over `max_queued` the
+/// whole batch answers 429 and nothing is created. Bad batches get a 400 naming the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_of_1000_runs_completes_and_one_over_max_queued_creates_nothing() {
+    let daemon = Daemon::start_with(|c| c.concurrency = 16).await;
+    let (status, body) = daemon
+        .admin
+        .post(
+            "/v1/tenants",
+            r#"{"name": "bulk", "quotas": {"max_queued": 1500}}"#,
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = daemon
+        .admin
+        .post("/v1/tenants/bulk/keys", r#"{"label": "test"}"#)
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let api = daemon
+        .api
+        .as_key(Some(body["key"].as_str().unwrap().to_owned()));
+    api.deploy("echo", guest("echo"), "").await;
+
+    let runs: Vec<Value> = (0..1000)
+        .map(|i| serde_json::json!({ "input": { "n": i } }))
+        .collect();
+    let body = serde_json::json!({ "runs": runs }).to_string();
+    let (status, answer) = api.post("/v1/functions/echo/runs:batch", &body).await;
+    assert_eq!(status, 201, "{answer}");
+    assert_eq!(answer["created"], 1000);
+    let ids: Vec<String> = answer["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            assert_eq!(r["input"]["n"], i, "in order: {r}");
+            r["id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(ids.len(), 1000);
+
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let ended = statuses(&api, &ids).await;
+        if ended.iter().all(|s| s == "succeeded") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not all 1,000 runs succeeded: {} left",
+            ended.iter().filter(|s| *s != "succeeded").count()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // 1,000 runs due in an hour stay queued; 501 more would pass max_queued (1,500):
+    // 429 for the whole batch, and none of its runs exists.
+    let batch = |tag: &str, n: usize| {
+        let runs: Vec<Value> = (0..n)
+            .map(|i| serde_json::json!({ "input": { tag: i }, "delay": "1h" }))
+            .collect();
+        serde_json::json!({ "runs": runs }).to_string()
+    };
+    let (status, answer) = api
+        .post("/v1/functions/echo/runs:batch", &batch("later", 1000))
+        .await;
+    assert_eq!((status, &answer["created"]), (201, &Value::from(1000)));
+    let (status, refused) = api
+        .post("/v1/functions/echo/runs:batch", &batch("over", 501))
+        .await;
+    assert_eq!(status, 429, "{refused}");
+    assert_eq!(refused["error"]["code"], "quota_exceeded", "{refused}");
+    let (_, queued) = api.get("/v1/runs?status=queued&limit=1000").await;
+    let queued = queued.as_array().unwrap();
+    assert_eq!(queued.len(), 1000);
+    assert!(
+        queued.iter().all(|r| r["input"]["over"].is_null()),
+        "a refused batch creates nothing"
+    );
+
+    for (body, code, says) in [
+        (r#"{"runs": []}"#.to_owned(), "bad_batch", "1 to 1000 runs"),
+        (
+            serde_json::json!({ "runs": vec![serde_json::json!({}); 1001] }).to_string(),
+            "bad_batch",
+            "1 to 1000 runs",
+        ),
+        (
+            r#"{"runs": [{}, {"delay": "367days"}]}"#.to_owned(),
+            "bad_query",
+            "runs[1]: a run may start at most 366 days ahead",
+        ),
+        (
+            r#"{"runs": [{"inptu": 1}]}"#.to_owned(),
+            "bad_input",
+            "unknown field",
+        ),
+        ("[1, 2]".to_owned(), "bad_input", "the body must be"),
+    ] {
+        let (status, answer) = api.post("/v1/functions/echo/runs:batch", &body).await;
+        assert_eq!(status, 400, "{answer}");
+        assert_eq!(answer["error"]["code"], code, "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message}");
+    }
+    daemon.stop().await;
+}
+
+/// A batch's body is read up to 8 MiB and no further: 413 `too_large`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_over_8_mib_is_refused() {
+    let daemon = Daemon::start_with(|c| c.concurrency = 0).await;
+    let api = &daemon.api;
+    api.deploy("echo", guest("echo"), "").await;
+    let huge = format!(r#"{{"runs": [{{"input": "{}"}}]}}"#, "x".repeat(9 << 20));
+    let resp = api
+        .http
+        .post(format!("{}/v1/functions/echo/runs:batch", api.base))
+        .body(huge)
+        .send()
+        .await
+        .expect("the server answers a declared length over the limit before reading");
+    assert_eq!(resp.status(), 413);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "too_large", "{body}");
+    let (_, runs) = api.get("/v1/runs").await;
+    assert_eq!(runs, serde_json::json!([]));
+    daemon.stop().await;
+}
+
+/// `wasq run NAME --inputs FILE.jsonl`: one run per line, the ids in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn wasq_run_inputs_starts_a_run_per_line() {
+    let daemon = Daemon::start().await;
+    let api = &daemon.api;
+    api.deploy("echo", guest("echo"), "").await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("inputs.jsonl");
+    let lines: String = (0..1500).map(|i| format!("{{\"n\": {i}}}\n")).collect();
+    std::fs::write(&file, lines).unwrap();
+    let (code, out, err) =
+        run_cli(
+            api.cli()
+                .args(["run", "echo", "--inputs", file.to_str().unwrap()]),
+        );
+    assert_eq!(code, 0, "{err}");
+    let ids: Vec<&str> = out.lines().collect();
+    assert_eq!(ids.len(), 1500, "two requests, every id printed");
+    for i in [0, 999, 1000, 1499] {
+        let run = api.run_detail(ids[i]).await;
+        assert_eq!(run["input"]["n"], i, "line {} is run {}", i + 1, ids[i]);
+    }
+    std::fs::write(&file, "{\"n\": 1}\nnot json\n").unwrap();
+    let (code, _, err) =
+        run_cli(
+            api.cli()
+                .args(["run", "echo", "--inputs", file.to_str().unwrap()]),
+        );
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains("line 2 of") && err.contains("is not valid JSON"),
+        "{err}"
+    );
+    daemon.stop().await;
+}

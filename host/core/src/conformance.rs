@@ -8,6 +8,7 @@
 use std::future::Future;
 
 mod actions;
+mod batch;
 mod durable;
 mod ends;
 mod flow;
@@ -156,6 +157,11 @@ fn scenarios<S: Store + Directory>() -> Vec<(&'static str, &'static str, Scenari
             "delayed",
             "a delayed run starts at its time, not before, and never once cancelled",
             |s, c| Box::pin(actions::delayed(s, c)),
+        ),
+        (
+            "enqueue_batch",
+            "a batch creates its runs in order as single enqueues would, or none",
+            |s, c| Box::pin(batch::enqueue_batch(s, c)),
         ),
         (
             "run_id_prefixes",
@@ -370,6 +376,7 @@ macro_rules! conformance_tests {
             manual_retry,
             cancel_and_retry_say_who,
             delayed,
+            enqueue_batch,
             run_id_prefixes,
             idempotency,
             retry_override,

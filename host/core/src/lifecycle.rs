@@ -509,6 +509,19 @@ pub fn admit(
     Ok(())
 }
 
+/// Whether a batch of `runs` new runs ([`crate::Queue::enqueue_batch`]) may be queued by a
+/// tenant with `queued` runs queued: every run of the batch counts, whatever it turns out
+/// to be (a repeated idempotency key, a run its rate limit skips), so that a batch is
+/// refused or admitted as a whole, alike on every backend.
+pub fn admit_batch(
+    tenant: &str,
+    queued: u64,
+    runs: usize,
+    max_queued: Option<u64>,
+) -> Result<(), StoreError> {
+    admit(tenant, Admission::Run, queued, runs as u64, max_queued)
+}
+
 /// The error of an enqueue refused by `max_queued`.
 pub fn queue_quota_exceeded(tenant: &str, max_queued: u64) -> StoreError {
     StoreError::QuotaExceeded {

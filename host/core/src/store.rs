@@ -29,6 +29,13 @@ pub trait Queue: Send + Sync + 'static {
     /// `parent` set, above [`crate::lifecycle::child_queue_limit`]: work already admitted can go on), and
     /// with [`StoreError::StorageQuota`] over the tenant's storage quotas.
     async fn enqueue(&self, req: EnqueueRequest) -> Result<Enqueued, StoreError>;
+    /// Enqueues runs of one function of one tenant (at most [`MAX_BATCH`]) as
+    /// [`Queue::enqueue`] would one after the other, all or nothing: when one is refused
+    /// (an unknown function, `max_queued`, a storage quota) none is created. Against
+    /// `max_queued` the whole batch counts, every request one run
+    /// ([`crate::lifecycle::admit_batch`]). Answers each request's run, in order. A backend
+    /// stores the batch in one round trip.
+    async fn enqueue_batch(&self, reqs: Vec<EnqueueRequest>) -> Result<Vec<Enqueued>, StoreError>;
     /// Leases up to `limit` due runs (queued; sleeping and due; waiting past its timeout,
     /// which then resolves as timed out); also takes back runs whose lease expired (their
     /// worker died) and hands them out again.
@@ -252,6 +259,34 @@ impl EnqueueRequest {
             log_bytes: 0,
         }
     }
+}
+
+/// The most runs one [`Queue::enqueue_batch`] creates (BullMQ's `addBulk` has no bound;
+/// RQ's `enqueue_many` neither): a bound keeps one request's script or transaction, and
+/// its answer, short enough not to stall the store for others.
+pub const MAX_BATCH: usize = 1000;
+
+/// Checks what every backend assumes of a batch ([`Queue::enqueue_batch`]): at most
+/// [`MAX_BATCH`] requests, all for one function of one tenant with one trigger, none a
+/// child run. Anything
+/// else is a caller's bug (the API checks what users send), hence `Internal`.
+pub fn check_batch(reqs: &[EnqueueRequest]) -> Result<(), StoreError> {
+    let bad = |why: &str| Err(StoreError::Internal(format!("bad batch: {why}")));
+    if reqs.len() > MAX_BATCH {
+        return bad("more than MAX_BATCH runs");
+    }
+    let Some(first) = reqs.first() else {
+        return Ok(());
+    };
+    if reqs.iter().any(|r| {
+        r.tenant != first.tenant || r.function != first.function || r.trigger != first.trigger
+    }) {
+        return bad("runs of more than one function or trigger");
+    }
+    if reqs.iter().any(|r| r.parent.is_some()) {
+        return bad("a child run");
+    }
+    Ok(())
 }
 
 /// A cancel or a manual retry of a run, and who asked for it.

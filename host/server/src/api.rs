@@ -3,6 +3,7 @@
 //! what a run id may be abbreviated to in `actions.rs`.
 
 mod actions;
+mod batch;
 mod deploy;
 mod runs;
 mod schedules;
@@ -51,6 +52,11 @@ pub(crate) fn router(app: Arc<App>) -> Router {
                 )),
         )
         .route("/v1/functions/{name}/runs", axum::routing::post(create_run))
+        .route(
+            "/v1/functions/{name}/runs:batch",
+            axum::routing::post(batch::create_runs)
+                .layer(DefaultBodyLimit::max(batch::MAX_BATCH_BODY)),
+        )
         .route("/v1/runs", get(read::list_runs))
         .route("/v1/events", axum::routing::post(send_event))
         .route("/v1/schedules", get(list_schedules))

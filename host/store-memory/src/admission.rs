@@ -81,6 +81,50 @@ pub(crate) fn enqueue(
     Ok(Enqueued { run, created: true })
 }
 
+/// [`Store::enqueue_batch`]: the whole batch is checked first — its function, `max_queued`
+/// (every run counts: `lifecycle::admit_batch`), the storage quotas against what its new
+/// runs cost together — and then each run is prepared and committed in turn, which can no
+/// longer be refused: all or nothing.
+pub(crate) fn enqueue_batch(
+    st: &mut State,
+    now: Millis,
+    reqs: Vec<EnqueueRequest>,
+) -> Result<Vec<Enqueued>, StoreError> {
+    check_batch(&reqs)?;
+    let Some(first) = reqs.first() else {
+        return Ok(Vec::new());
+    };
+    let tenant = first.tenant.clone();
+    let quotas = st.quotas(&tenant);
+    let prepared = reqs
+        .iter()
+        .map(|req| prepare(st, now, req.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(q) = quotas {
+        let queued = st.count(&tenant, RunStatus::Queued);
+        lifecycle::admit_batch(&tenant, queued, reqs.len(), Some(q.max_queued))?;
+    }
+    let mut cost = 0;
+    for p in &prepared {
+        if let Prepared::New(new) = p {
+            new.check_storage(quotas.as_ref(), st.stored(&tenant) + cost)?;
+            cost += new.cost();
+        }
+    }
+    reqs.into_iter()
+        .map(|req| match prepare(st, now, req)? {
+            Prepared::Existing(run) => Ok(Enqueued {
+                run: *run,
+                created: false,
+            }),
+            new => Ok(Enqueued {
+                run: commit(st, now, new)?,
+                created: true,
+            }),
+        })
+        .collect()
+}
+
 /// Reads what creating the run takes and decides it, changing nothing.
 pub(crate) fn prepare(
     st: &State,

@@ -140,6 +140,10 @@ impl Queue for MemoryStore {
         self.with(|st, now| admission::enqueue(st, now, req))
     }
 
+    async fn enqueue_batch(&self, reqs: Vec<EnqueueRequest>) -> Result<Vec<Enqueued>, StoreError> {
+        self.with(|st, now| admission::enqueue_batch(st, now, reqs))
+    }
+
     async fn claim(&self, req: ClaimRequest) -> Result<Vec<Claimed>, StoreError> {
         self.with(|st, now| claim::claim(st, now, &req))
     }

@@ -73,6 +73,100 @@ impl RedisStore {
         )))
     }
 
+    /// [`Queue::enqueue_batch`]: the whole batch in one script call (ENQUEUE_BATCH), which
+    /// checks it all before creating any run.
+    pub(crate) async fn admit_batch(
+        &self,
+        reqs: Vec<EnqueueRequest>,
+    ) -> Result<Vec<Enqueued>, StoreError> {
+        check_batch(&reqs)?;
+        let Some(first) = reqs.first() else {
+            return Ok(Vec::new());
+        };
+        let (tenant, function) = (first.tenant.clone(), first.function.clone());
+        let not_found = || StoreError::NotFound(format!("function {function:?}"));
+        let replaces_new = lifecycle::debounce_replaces(RunStatus::Queued, 0);
+        let mut fresh = false;
+        for _ in 0..STALE_RETRIES {
+            let Some(fs) = self.fn_settings(&tenant, &function, fresh).await? else {
+                return Err(not_found());
+            };
+            let now = self.now();
+            let mut args = Args::new()
+                .s(&function)
+                .s(&fs.version)
+                .s(&first.trigger)
+                .s(if replaces_new { "1" } else { "0" })
+                .n(reqs.len());
+            let mut planned = Vec::with_capacity(reqs.len());
+            for req in &reqs {
+                let id = wasq_core::ids::new_run_id(now);
+                let plan = fs
+                    .settings
+                    .flow
+                    .plan(&req.function, &req.input, req.priority);
+                let debounced = self.debounced_run(&tenant, &plan).await?;
+                args = args
+                    .s(&id)
+                    .b(req.input.clone())
+                    .opt_n(req.due_at.map(|_| req.start_at(now)))
+                    .s(req.idempotency_key.as_deref().unwrap_or(""))
+                    .b(match &req.retry {
+                        Some(r) => to_json(r)?,
+                        None => Vec::new(),
+                    })
+                    .opt_n(req.retry.map(|r| r.max_attempts));
+                args = flow_args(args, &plan, &id, None, &debounced)?;
+                planned.push((id, plan));
+            }
+            let (status, mut rest) = self
+                .script_at(&scripts::ENQUEUE_BATCH, &tenant, now, args)
+                .await?;
+            match status.as_str() {
+                "ok" => {}
+                "not_found" => return Err(not_found()),
+                "stale" => {
+                    fresh = true;
+                    continue;
+                }
+                "quota" => {
+                    let max = self.max_queued(&tenant).await;
+                    return Err(queue_quota_exceeded(&tenant, max));
+                }
+                "storage" => {
+                    // A run over max_run_bytes comes with its 1-based index.
+                    let i = rest.get(4).cloned().map(int).and_then(Result::ok);
+                    let id = i
+                        .and_then(|i| planned.get((i as usize).checked_sub(1)?))
+                        .map_or(planned[0].0.as_str(), |(id, _)| id.as_str());
+                    return Err(storage_refusal(&tenant, id, &rest));
+                }
+                other => return Err(corrupt(format!("enqueue_batch answered {other}"))),
+            }
+            self.published(&tenant, &mut rest).await?;
+            let mut rest = rest.into_iter();
+            let mut next = || {
+                rest.next()
+                    .ok_or_else(|| corrupt("short enqueue_batch reply"))
+            };
+            let mut out = Vec::with_capacity(reqs.len());
+            for (req, (id, plan)) in reqs.iter().zip(planned) {
+                let created = int(next()?)? == 1;
+                let (stored, made) = (next()?, next()?);
+                let run = if stored != Value::Nil {
+                    self.run_from(&tenant, stored, None).await?
+                } else {
+                    new_run(req.clone(), id, now, &fs.settings, &plan, made)?
+                };
+                out.push(Enqueued { run, created });
+            }
+            return Ok(out);
+        }
+        Err(StoreError::Unavailable(format!(
+            "function {function:?} kept being redeployed during the enqueue; try again"
+        )))
+    }
+
     /// A function's settings: from the cache unless `fresh`, else read (and cached).
     /// `None` when there is no such function.
     pub(crate) async fn fn_settings(

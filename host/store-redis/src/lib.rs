@@ -681,6 +681,10 @@ impl Queue for RedisStore {
         self.admit_run(req).await
     }
 
+    async fn enqueue_batch(&self, reqs: Vec<EnqueueRequest>) -> Result<Vec<Enqueued>, StoreError> {
+        self.admit_batch(reqs).await
+    }
+
     async fn claim(&self, req: ClaimRequest) -> Result<Vec<Claimed>, StoreError> {
         self.claim_runs(req).await
     }

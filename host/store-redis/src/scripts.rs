@@ -153,9 +153,10 @@ macro_rules! tenant_script {
 }
 
 /// Every tenant script, each registered in the library under its name.
-const TENANT_SCRIPTS: [&TenantScript; 17] = [
+const TENANT_SCRIPTS: [&TenantScript; 18] = [
     &DEPLOY,
     &ENQUEUE,
+    &ENQUEUE_BATCH,
     &CLAIM,
     &RENEW,
     &RECORD,
@@ -272,6 +273,15 @@ pub(crate) static DEPLOY: TenantScript = tenant_script!("deploy", writes);
 /// function's settings the flow arguments were computed from, then FLOW_ARGS flow
 /// arguments.
 pub(crate) static ENQUEUE: TenantScript = tenant_script!("enqueue", writes);
+
+/// ARGV[5..]: function, the version of its settings the flow arguments were computed
+/// from, trigger, whether a new run replaces a queued run of its debounce key that never
+/// started ('1'/'0', `lifecycle::debounce_replaces`: for a key whose pending run the
+/// batch itself created), n, then n × (id, input, due ('' = now), idempotency key or '', retry
+/// override JSON or '', its max_attempts, FLOW_ARGS flow arguments). All or nothing:
+/// `not_found`, `stale`, `quota` or a `storage` reply (for one run: its 1-based index
+/// last), else `ok`, publish, and per run: created, its fields or false, `made` or false.
+pub(crate) static ENQUEUE_BATCH: TenantScript = tenant_script!("enqueue_batch", writes);
 
 /// ARGV[5..]: limit, lease_ms, worker, worker as a JSON string, force publish ('1'/'0'),
 /// then '' or n and n × (run id, lease token, T_ARGS transition) for expired leases.

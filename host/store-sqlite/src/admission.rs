@@ -4,6 +4,36 @@
 
 use super::*;
 
+/// [`Queue::enqueue_batch`]: the whole batch against `max_queued` first (each run counts,
+/// `lifecycle::admit_batch`), then each run as [`insert_run`] creates it. The caller's
+/// savepoint makes it all or nothing.
+pub(crate) fn insert_batch(
+    tx: &Connection,
+    now: i64,
+    reqs: Vec<EnqueueRequest>,
+) -> Result<Vec<Enqueued>, StoreError> {
+    let Some(first) = reqs.first() else {
+        return Ok(Vec::new());
+    };
+    if load_function(tx, &first.tenant, &first.function)?.is_none() {
+        return Err(StoreError::NotFound(format!(
+            "function {:?}",
+            first.function
+        )));
+    }
+    if let Some(quotas) = tenant_quotas(tx, &first.tenant)? {
+        lifecycle::admit_batch(
+            &first.tenant,
+            queued_runs(tx, &first.tenant)?,
+            reqs.len(),
+            Some(quotas.max_queued),
+        )?;
+    }
+    reqs.into_iter()
+        .map(|req| insert_run(tx, now, req, None))
+        .collect()
+}
+
 /// Creates a run (or finds the one with the same idempotency key) inside a transaction,
 /// applying the function's rate limit and debounce and the tenant's `max_queued` (see
 /// [`Store::enqueue`]).
@@ -212,6 +242,16 @@ pub(crate) fn check_queue_quota(
     let Some(quotas) = tenant_quotas(tx, tenant)? else {
         return Ok(());
     };
+    lifecycle::admit(
+        tenant,
+        admission,
+        queued_runs(tx, tenant)?,
+        adding,
+        Some(quotas.max_queued),
+    )
+}
+
+fn queued_runs(tx: &Connection, tenant: &str) -> Result<u64, StoreError> {
     let queued: i64 = tx
         .row(
             "SELECT queued FROM tenant_load WHERE tenant = ?1",
@@ -221,13 +261,7 @@ pub(crate) fn check_queue_quota(
         .optional()
         .map_err(internal)?
         .unwrap_or(0);
-    lifecycle::admit(
-        tenant,
-        admission,
-        queued.max(0) as u64,
-        adding,
-        Some(quotas.max_queued),
-    )
+    Ok(queued.max(0) as u64)
 }
 
 pub(crate) fn tenant_quotas(tx: &Connection, tenant: &str) -> Result<Option<Quotas>, StoreError> {

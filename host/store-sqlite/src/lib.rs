@@ -231,6 +231,13 @@ impl Queue for SqliteStore {
             .await
     }
 
+    async fn enqueue_batch(&self, reqs: Vec<EnqueueRequest>) -> Result<Vec<Enqueued>, StoreError> {
+        check_batch(&reqs)?;
+        // One call, so one savepoint: a refusal rolls back every run inserted before it.
+        self.tx(move |tx, now| admission::insert_batch(tx, now, reqs))
+            .await
+    }
+
     async fn claim(&self, req: ClaimRequest) -> Result<Vec<Claimed>, StoreError> {
         let cursor = self.cursor.clone();
         let after = cursor.lock().unwrap_or_else(|p| p.into_inner()).clone();

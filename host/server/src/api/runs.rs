@@ -120,22 +120,10 @@ pub(crate) async fn create_run(
             format!("the run input is not valid JSON: {e}"),
         ));
     }
-    let idempotency_key = match headers.get("idempotency-key") {
-        None => None,
-        Some(v) => {
-            let key = v
-                .to_str()
-                .ok()
-                .filter(|k| !k.is_empty() && k.len() <= 255)
-                .ok_or_else(|| {
-                    ApiError::bad_request(
-                        "bad_idempotency_key",
-                        "Idempotency-Key must be 1-255 visible ASCII characters",
-                    )
-                })?;
-            Some(key.to_owned())
-        }
-    };
+    let idempotency_key = headers
+        .get("idempotency-key")
+        .map(|v| idempotency_key(v.to_str().ok()))
+        .transpose()?;
     if let Some(p) = params.priority {
         flow::check_priority(p).map_err(|m| ApiError::bad_request("bad_query", m))?;
     }
@@ -180,6 +168,18 @@ pub(crate) async fn create_run(
         StatusCode::OK
     };
     Ok((status, [(header::LOCATION, location)], Json(run)).into_response())
+}
+
+/// An idempotency key as given (`None`: not visible ASCII), checked.
+pub(crate) fn idempotency_key(key: Option<&str>) -> Result<String, ApiError> {
+    key.filter(|k| !k.is_empty() && k.len() <= 255 && k.bytes().all(|b| (b' '..=b'~').contains(&b)))
+        .map(str::to_owned)
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "bad_idempotency_key",
+                "an idempotency key must be 1-255 visible ASCII characters",
+            )
+        })
 }
 
 pub(crate) const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(300);

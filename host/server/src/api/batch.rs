@@ -1,0 +1,124 @@
+//! `POST /v1/functions/{name}/runs:batch`: up to [`MAX_BATCH`] runs of one function in one
+//! request and one store call (`Queue::enqueue_batch`), all or nothing — BullMQ's
+//! `addBulk`, RQ's `enqueue_many`, Celery's `group`.
+
+use super::*;
+
+/// The most bytes a batch's body may have: 1,000 inputs of 8 KiB each, and their
+/// fields. A bigger body is refused (413) before it is read whole.
+pub(crate) const MAX_BATCH_BODY: usize = 8 << 20;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Batch {
+    runs: Vec<BatchRun>,
+}
+
+/// One run of a batch: what a single create takes as its body, header and query.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchRun {
+    /// The run's input (default `{}`).
+    input: Option<serde_json::Value>,
+    idempotency_key: Option<String>,
+    /// As `?delay=` of a single create.
+    delay: Option<String>,
+    /// As `?at=` of a single create.
+    at: Option<String>,
+    priority: Option<i32>,
+}
+
+pub(crate) async fn create_runs(
+    State(app): State<Arc<App>>,
+    scope: TenantScope,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    check_name(&name)?;
+    app.guard.admit()?;
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError {
+                status: StatusCode::PAYLOAD_TOO_LARGE,
+                code: "too_large",
+                message: format!(
+                    "a batch's body is at most {} MiB: split it",
+                    MAX_BATCH_BODY >> 20
+                ),
+                retry_after_ms: None,
+            }
+        } else {
+            ApiError::bad_request("bad_body", e.body_text())
+        }
+    })?;
+    let batch: Batch = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request(
+            "bad_input",
+            format!("the body must be {{\"runs\": [{{\"input\": ...}}, ...]}}: {e}"),
+        )
+    })?;
+    if batch.runs.is_empty() || batch.runs.len() > MAX_BATCH {
+        return Err(ApiError::bad_request(
+            "bad_batch",
+            format!(
+                "a batch holds 1 to {MAX_BATCH} runs, this one {}",
+                batch.runs.len()
+            ),
+        ));
+    }
+    let now = app.now();
+    let reqs = batch
+        .runs
+        .into_iter()
+        .enumerate()
+        .map(|(i, run)| {
+            let which = |e: ApiError| ApiError {
+                message: format!("runs[{i}]: {}", e.message),
+                ..e
+            };
+            let idempotency_key = run
+                .idempotency_key
+                .as_deref()
+                .map(|k| idempotency_key(Some(k)))
+                .transpose()
+                .map_err(which)?;
+            if let Some(p) = run.priority {
+                flow::check_priority(p)
+                    .map_err(|m| which(ApiError::bad_request("bad_batch", m)))?;
+            }
+            let when = RunParams {
+                delay: run.delay,
+                at: run.at,
+                ..RunParams::default()
+            };
+            let due_at = when.start_at(now).map_err(which)?;
+            let input = run
+                .input
+                .map_or_else(|| b"{}".to_vec(), |v| v.to_string().into_bytes());
+            Ok(EnqueueRequest {
+                tenant: scope.tenant.clone(),
+                function: name.clone(),
+                input,
+                trigger: "api".into(),
+                due_at,
+                idempotency_key,
+                retry: None,
+                parent: None,
+                priority: run.priority,
+            })
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    let made = app.store.enqueue_batch(reqs).await?;
+    let created = made.iter().filter(|e| e.created).count();
+    if created > 0 {
+        app.wake.notify_one();
+    }
+    let status = if created > 0 {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let runs: Vec<Run> = made.into_iter().map(|e| e.run).collect();
+    let answer = serde_json::json!({ "created": created, "runs": runs });
+    Ok((status, Json(answer)).into_response())
+}
