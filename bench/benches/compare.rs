@@ -8,7 +8,7 @@
 //! 100-byte payloads, results kept, at-least-once delivery. Workloads:
 //! - (a) create: one at a time with 50 in flight (wasq through its store API, the peers'
 //!   `add`), over wasq's HTTP API with 64 in flight, and in batches where they exist
-//!   (`addBulk` / `add_bulk` of 1,000; wasq has none yet);
+//!   (`addBulk` / `add_bulk` of 1,000; wasq's `Queue::enqueue_batch` and `runs:batch`);
 //! - (b) drain of a preloaded backlog at concurrency 1 / 10 / 50 / 200: wasq with a no-op
 //!   guest, a one-step guest and the sandbox stubbed (the worker, store and queue without
 //!   instantiating anything), so that queue, step and sandbox costs come apart;
@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use queue::{RedisStats, npm_peer, process_cpu, redis_api, redis_worker, until_idle};
 use tokio_util::sync::CancellationToken;
-use wasq_core::SystemClock;
+use wasq_core::{DEFAULT_TENANT, EnqueueRequest, Queue, SystemClock};
 use wasq_store_redis::RedisStore;
 use wasq_store_redis::testing::{RedisOptions, RedisServer};
 
@@ -82,6 +82,17 @@ impl Opts {
 fn payload(i: usize) -> Vec<u8> {
     let pad = "x".repeat(100 - 17 - i.to_string().len());
     format!(r#"{{"i":{i},"pad":"{pad}"}}"#).into_bytes()
+}
+
+/// Runs per batch create (the peers' addBulk batches, wasq's most per batch).
+const BATCH: usize = 1000;
+
+/// The body of batch `b` of `runs:batch`: runs b×1000.. with the peers' payload.
+fn batch_body(b: usize) -> String {
+    let runs: Vec<String> = (b * BATCH..(b + 1) * BATCH)
+        .map(|i| format!(r#"{{"input":{}}}"#, String::from_utf8(payload(i)).unwrap()))
+        .collect();
+    format!(r#"{{"runs":[{}]}}"#, runs.join(","))
 }
 
 #[derive(Clone, Copy)]
@@ -221,7 +232,7 @@ async fn wasq(opts: &Opts, guest: Guest, c: usize, s: &mut Samples) {
         let path = format!("/v1/functions/{function}/runs");
         let before = RedisStats::read(port);
         let start = Instant::now();
-        queue::create_over_http(api, &path, http_n, HTTP_IN_FLIGHT, |_| {
+        queue::create_over_http(api.clone(), &path, http_n, HTTP_IN_FLIGHT, |_| {
             String::from_utf8(payload(0)).unwrap()
         })
         .await;
@@ -234,6 +245,34 @@ async fn wasq(opts: &Opts, guest: Guest, c: usize, s: &mut Samples) {
             rate,
         );
         add(s, "Redis CPU per create over HTTP (µs)", sys, cpu);
+
+        // Batches of 1,000 one after another, as the peers call addBulk: through the store
+        // API (one script call each) and over HTTP (`runs:batch`).
+        let before = RedisStats::read(port);
+        let start = Instant::now();
+        for first in (0..n).step_by(BATCH) {
+            let reqs = (first..n.min(first + BATCH))
+                .map(|i| EnqueueRequest {
+                    tenant: DEFAULT_TENANT.into(),
+                    function: function.into(),
+                    input: payload(i),
+                    trigger: "bench".into(),
+                    ..EnqueueRequest::default()
+                })
+                .collect();
+            store.enqueue_batch(reqs).await.unwrap();
+        }
+        let rate = n as f64 / start.elapsed().as_secs_f64();
+        let (cpu, calls, _) = before.per_run(&RedisStats::read(port), n);
+        add(s, "create batch of 1000 (runs/s)", sys, rate);
+        add(s, "Redis CPU per batch create (µs)", sys, cpu);
+        add(s, "Redis commands per batch create", sys, calls);
+        let batches = (n / 2).div_ceil(BATCH);
+        let path = format!("/v1/functions/{function}/runs:batch");
+        let start = Instant::now();
+        queue::create_over_http(api, &path, batches, 1, batch_body).await;
+        let rate = (batches * BATCH) as f64 / start.elapsed().as_secs_f64();
+        add(s, "create batch of 1000 over HTTP (runs/s)", sys, rate);
     }
     shutdown.cancel();
     let _ = server.wait().await;
@@ -312,6 +351,8 @@ fn peer(opts: &Opts, system: &str, c: usize, mode: &str, s: &mut Samples) {
     if c == 50 {
         let (cpu, calls, memory) = before.per_run(&queued, n);
         add(s, "create batch of 1000 (runs/s)", system, added);
+        add(s, "Redis CPU per batch create (µs)", system, cpu);
+        add(s, "Redis commands per batch create", system, calls);
         add(s, "Redis CPU per create (µs)", system, cpu);
         add(s, "Redis commands per create", system, calls);
         add(s, "Redis memory per queued run (B)", system, memory);

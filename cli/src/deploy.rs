@@ -71,6 +71,10 @@ pub(crate) struct DeployArgs {
     allow_hosts: Vec<String>,
     #[command(flatten)]
     flow: flow::FlowArgs,
+    /// A function to start when a run of this one ends failed (retries exhausted) or
+    /// cancelled, with the run's id, input and errors; "" removes it.
+    #[arg(long, value_name = "FUNCTION")]
+    on_failure: Option<String>,
     /// Start from the server's defaults: without it, a redeploy keeps every setting,
     /// event and schedule the function has and the flags or manifest do not give.
     #[arg(long)]
@@ -126,6 +130,9 @@ impl DeployArgs {
             self.allow_hosts = m.allow_hosts.clone().unwrap_or_default();
         }
         self.flow.fill_from(m);
+        if self.on_failure.is_none() {
+            self.on_failure.clone_from(&m.on_failure);
+        }
     }
 
     fn query(&self) -> Vec<(&'static str, String)> {
@@ -164,6 +171,7 @@ impl DeployArgs {
             query.push(("allow_hosts", self.allow_hosts.join(",")));
         }
         query.extend(self.flow.query());
+        query.extend(self.on_failure.clone().map(|f| ("on_failure", f)));
         if self.reset_settings {
             query.push(("reset_settings", "true".into()));
         }

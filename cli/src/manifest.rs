@@ -71,6 +71,7 @@ pub(crate) struct DeploySettings {
     pub priority: Option<i32>,
     #[serde(default, deserialize_with = "text")]
     pub priority_aging: Option<String>,
+    pub on_failure: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]

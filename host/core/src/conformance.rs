@@ -429,8 +429,7 @@ fn settings(max_attempts: u32) -> FunctionSettings {
             max_backoff_ms: 10_000,
             ..RetryPolicy::default()
         },
-        allow_hosts: vec![],
-        flow: FlowControl::default(),
+        ..FunctionSettings::default()
     }
 }
 

@@ -12,6 +12,10 @@
 //! [`crate::storage`]) and when a flow-control gate is full (see [`crate::flow::Gate`]),
 //! which are mechanics of each backend or have their own module.
 
+mod on_failure;
+
+pub use on_failure::{HANDLER_TRIGGER, failure_handler};
+
 use crate::clock::Millis;
 use crate::flow::FlowPlan;
 use crate::model::*;

@@ -143,6 +143,10 @@ pub struct FunctionSettings {
     /// Concurrency, throttle, rate limit, debounce and priority (see [`crate::flow`]).
     #[serde(default, skip_serializing_if = "FlowControl::is_default")]
     pub flow: FlowControl,
+    /// The function a run of this one starts when it ends failed or cancelled (see
+    /// [`crate::lifecycle::failure_handler`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<String>,
 }
 
 /// A named, deployed component. Redeploying a name replaces its component for new runs;

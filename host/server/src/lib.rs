@@ -21,6 +21,7 @@ mod error;
 mod flow_params;
 mod guard;
 mod metrics;
+mod on_failure;
 mod schedule;
 mod serve;
 mod worker;

@@ -49,6 +49,9 @@ pub struct DeployParams {
     pub priority: Option<i32>,
     /// What one priority level is worth in waiting time (default `1m`).
     pub priority_aging: Option<String>,
+    /// The function a run of this one starts when it ends failed or cancelled (empty:
+    /// none).
+    pub on_failure: Option<String>,
     /// Start from the defaults, not from the function's current settings, events and
     /// schedule.
     pub reset_settings: Option<bool>,
@@ -130,6 +133,16 @@ impl DeployParams {
                 self.flow()?
             } else {
                 d.flow
+            },
+            on_failure: match self.on_failure.as_deref() {
+                None => d.on_failure,
+                Some("") => None,
+                Some(name) => {
+                    wasq_core::names::check_function_name(name).map_err(|m| {
+                        ApiError::bad_request("bad_settings", format!("on_failure: {m}"))
+                    })?;
+                    Some(name.to_owned())
+                }
             },
         };
         s.limits

@@ -233,6 +233,9 @@ pub(crate) async fn attempt(
             if status.is_terminal() {
                 let _ = app.finished.send(lease.run_id.clone());
             }
+            if run.settings.on_failure.is_some() {
+                crate::on_failure::after_end(app, &run.tenant, &run.id, status).await;
+            }
         }
         Err(StoreError::LeaseLost(_)) => {
             tracing::warn!("lease lost before the attempt ended; its result is discarded")
