@@ -411,6 +411,15 @@ pub(crate) enum RunsCommand {
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
+    /// Follow a run as it happens (its status, attempts, steps, progress and log lines)
+    /// until it ends; exit 1 unless it succeeded.
+    Watch {
+        /// The run's id, or a unique prefix of it (any case).
+        id: String,
+        /// How to print: lines for people, or one JSON object per event for programs.
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
     /// Print a run's log lines.
     Logs {
         /// The run's id, or a unique prefix of it (any case).

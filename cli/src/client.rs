@@ -80,25 +80,63 @@ impl Client {
         format!("{}{path}", self.base)
     }
 
+    /// Opens a Server-Sent Events stream (`last_id`: resume after that event); the
+    /// response, to read with `chunk()`, once the server accepted it.
+    pub(crate) async fn events(
+        &self,
+        path: &str,
+        last_id: Option<&str>,
+    ) -> Result<reqwest::Response> {
+        let mut req = self
+            .http
+            .get(self.url(path))
+            .header("accept", "text/event-stream");
+        if let Some(id) = last_id {
+            req = req.header("last-event-id", id);
+        }
+        let resp = req.send().await.map_err(|e| self.unreachable(e))?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        Err(self.refusal(resp).await)
+    }
+
+    fn unreachable(&self, e: reqwest::Error) -> anyhow::Error {
+        if e.is_connect() {
+            anyhow!(
+                "cannot reach wasq at {}: is `wasq dev` running? (or set --server / WASQ_SERVER)",
+                self.base
+            )
+        } else {
+            anyhow!("request to {} failed: {e}", self.base)
+        }
+    }
+
+    async fn refusal(&self, resp: reqwest::Response) -> anyhow::Error {
+        let status = resp.status();
+        match resp.bytes().await {
+            Ok(body) => self.error(status, &body),
+            Err(e) => anyhow!("reading the answer from {}: {e}", self.base),
+        }
+    }
+
     async fn send(&self, req: reqwest::RequestBuilder) -> Result<Value> {
-        let resp = req.send().await.map_err(|e| {
-            if e.is_connect() {
-                anyhow!("cannot reach wasq at {}: is `wasq dev` running? (or set --server / WASQ_SERVER)", self.base)
-            } else {
-                anyhow!("request to {} failed: {e}", self.base)
-            }
-        })?;
+        let resp = req.send().await.map_err(|e| self.unreachable(e))?;
         let status = resp.status();
         let body = resp
             .bytes()
             .await
             .with_context(|| format!("reading the answer from {}", self.base))?;
-        let json: Option<Value> = serde_json::from_slice(&body).ok();
         if status.is_success() {
-            return json.ok_or_else(|| {
-                anyhow!("the server answered {status} with a body that is not JSON")
-            });
+            return serde_json::from_slice(&body)
+                .map_err(|_| anyhow!("the server answered {status} with a body that is not JSON"));
         }
+        Err(self.error(status, &body))
+    }
+
+    /// The error of a refused request: its status and the server's message.
+    fn error(&self, status: reqwest::StatusCode, body: &[u8]) -> anyhow::Error {
+        let json: Option<Value> = serde_json::from_slice(body).ok();
         // The message may quote what a tenant sent: escaped and bounded like all output.
         let message = match json.as_ref().and_then(|j| j["error"]["message"].as_str()) {
             Some(m) => crate::out::line(m, crate::out::LONG),
@@ -112,11 +150,11 @@ impl Client {
         } else {
             ""
         };
-        Err(anyhow!(
+        anyhow!(
             "{} {}: {message}{hint}",
             status.as_u16(),
             status.canonical_reason().unwrap_or("error")
-        ))
+        )
     }
 }
 

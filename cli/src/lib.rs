@@ -157,6 +157,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Runs(RunsCommand::Watch { id, output }) => watch(client()?, &id, output).await,
         Command::Runs(RunsCommand::Logs { id, follow, output }) => {
             logs(client()?, &id, follow, output).await
         }

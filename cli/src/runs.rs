@@ -74,7 +74,6 @@ pub(crate) async fn run(client: Client, args: RunArgs) -> Result<ExitCode> {
 /// Polls the run until it ends, showing progress on stderr when it changes.
 pub(crate) async fn wait_for(client: &Client, id: &str) -> Result<Value> {
     use std::io::IsTerminal;
-    let path = format!("/v1/runs/{}", client::path_segment(id));
     // A live bar on a terminal; elsewhere (pipes, CI logs) one line per change.
     let bar = std::io::stderr().is_terminal().then(|| {
         let bar = indicatif::ProgressBar::new(100);
@@ -86,18 +85,22 @@ pub(crate) async fn wait_for(client: &Client, id: &str) -> Result<Value> {
         bar.enable_steady_tick(Duration::from_millis(100));
         bar
     });
+    // The run as its events tell it: what the status line reads.
+    let mut run = serde_json::json!({ "status": "queued", "attempt": 0 });
     let mut last = String::new();
-    let mut delay = Duration::from_millis(20);
-    loop {
-        let run = client.get(&path, &[]).await?;
-        if matches!(
-            str_of(&run["status"]),
-            "succeeded" | "failed" | "cancelled" | "skipped"
-        ) {
-            if let Some(bar) = &bar {
-                bar.finish_and_clear();
+    let ended = follow_events(client, id, |kind, data, _| {
+        match kind {
+            "status" => {
+                for field in ["status", "attempt", "due_at", "wait"] {
+                    run[field] = data[field].clone();
+                }
             }
-            return Ok(run);
+            "attempt" => {
+                run["status"] = "running".into();
+                run["attempt"] = data["attempt"].clone();
+            }
+            "progress" => run["progress"] = data.clone(),
+            _ => return,
         }
         let percent = run["progress"]["percent"].as_u64().unwrap_or(0);
         let line = views::status_line(&run);
@@ -108,9 +111,16 @@ pub(crate) async fn wait_for(client: &Client, id: &str) -> Result<Value> {
             errln!("[{percent:>3}%] {line}");
             last = line;
         }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_millis(250));
+    })
+    .await;
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
     }
+    ended?;
+    // The whole record (attempts, steps), as `runs show --output json` prints it.
+    client
+        .get(&format!("/v1/runs/{}", client::path_segment(id)), &[])
+        .await
 }
 
 pub(crate) async fn logs(
@@ -229,3 +239,148 @@ async fn run_many(client: Client, file: &std::path::Path, args: &RunArgs) -> Res
 
 /// Runs per batch request: the API's most.
 const BATCH: usize = 1000;
+
+/// `wasq runs watch ID`: the run's events as they come; exits as `run --wait` does.
+pub(crate) async fn watch(client: Client, id: &str, output: Output) -> Result<ExitCode> {
+    let run = follow_events(&client, id, |kind, data, event_id| {
+        print_event(kind, data, event_id, output);
+    })
+    .await?;
+    ended(&run, id)
+}
+
+/// Reads the run's event stream (`GET /v1/runs/{id}/events`), handing each event to `f`,
+/// until its `end`: the ended run. A stream that breaks is opened again after the last
+/// event seen (`Last-Event-ID`), so nothing is missed or seen twice.
+async fn follow_events(
+    client: &Client,
+    id: &str,
+    mut f: impl FnMut(&str, &Value, Option<&str>),
+) -> Result<Value> {
+    let path = format!("/v1/runs/{}/events", client::path_segment(id));
+    let mut last: Option<String> = None;
+    let mut breaks = 0;
+    loop {
+        let mut resp = match client.events(&path, last.as_deref()).await {
+            Ok(resp) => resp,
+            // A stream that broke: the server may be restarting. A first refusal is final.
+            Err(_) if last.is_some() && breaks < 10 => {
+                breaks += 1;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let mut buf = String::new();
+        while let Ok(Some(chunk)) = resp.chunk().await {
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(end) = buf.find("\n\n") {
+                let block: String = buf.drain(..end + 2).collect();
+                let (event_id, kind, data) = sse_fields(&block);
+                if let Some(event_id) = event_id {
+                    last = Some(event_id);
+                }
+                let Some(kind) = kind else { continue };
+                let data: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
+                f(&kind, &data, last.as_deref());
+                match kind.as_str() {
+                    "end" => return Ok(data),
+                    "error" => bail!("the run's events stopped: {}", out::field(&data["error"])),
+                    _ => breaks = 0,
+                }
+            }
+        }
+        breaks += 1;
+        if breaks > 10 {
+            bail!(
+                "the event stream of run {} kept breaking",
+                out::line(id, out::SHORT)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The `id`, `event` and `data` fields of one Server-Sent Events block.
+fn sse_fields(block: &str) -> (Option<String>, Option<String>, String) {
+    let (mut id, mut event, mut data) = (None, None, Vec::new());
+    for line in block.lines() {
+        let (field, value) = line.split_once(':').unwrap_or((line, ""));
+        let value = value.strip_prefix(' ').unwrap_or(value);
+        match field {
+            "id" => id = Some(value.to_owned()),
+            "event" => event = Some(value.to_owned()),
+            "data" => data.push(value),
+            _ => {}
+        }
+    }
+    (id, event, data.join("\n"))
+}
+
+fn print_event(kind: &str, data: &Value, id: Option<&str>, output: Output) {
+    if let Output::Json = output {
+        let event = serde_json::json!({ "event": kind, "id": id, "data": data });
+        outln!("{}", out::json(&event, false));
+        return;
+    }
+    let line = match kind {
+        "status" => format!(
+            "{} (attempt {})",
+            out::field(&data["status"]),
+            out::field(&data["attempt"])
+        ),
+        "attempt" => format!(
+            "attempt {} started on {}",
+            out::field(&data["attempt"]),
+            out::field(&data["worker"])
+        ),
+        "attempt_end" => match (&data["error"], data["suspended_until"].as_i64()) {
+            (_, Some(until)) => format!(
+                "attempt {} suspended until {}",
+                out::field(&data["attempt"]),
+                units::format_time(until)
+            ),
+            (Value::Null, None) => format!("attempt {} ended", out::field(&data["attempt"])),
+            (e, None) => format!(
+                "attempt {} failed: {}: {}",
+                out::field(&data["attempt"]),
+                out::field(&e["reason"]),
+                out::line(str_of(&e["message"]), out::LONG)
+            ),
+        },
+        "step" => format!("step {} done", out::line(str_of(&data["name"]), out::SHORT)),
+        "progress" => match data["message"].as_str() {
+            Some(m) => format!(
+                "progress {}%: {}",
+                out::field(&data["percent"]),
+                out::line(m, out::SHORT)
+            ),
+            None => format!("progress {}%", out::field(&data["percent"])),
+        },
+        "log" => format!(
+            "[{}] {}",
+            out::field(&data["level"]),
+            out::line(str_of(&data["message"]), out::LONG)
+        ),
+        "end" => out::field(&data["status"]),
+        other => out::line(other, out::SHORT),
+    };
+    outln!("{line}");
+}
+
+/// The exit of a watch or a wait: 0 with the output printed when the run succeeded,
+/// else one line saying how it ended.
+fn ended(run: &Value, id: &str) -> Result<ExitCode> {
+    if str_of(&run["status"]) == "succeeded" {
+        outln!("{}", out::json(&run["output"], true));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let err = &run["error"];
+    let id = out::line(id, out::SHORT);
+    bail!(
+        "run {id} {}: {}: {} (see `wasq runs logs {id}`)",
+        out::field(&run["status"]),
+        out::field(&err["reason"]),
+        out::line(str_of(&err["message"]), out::LONG)
+    )
+}

@@ -131,10 +131,18 @@ async fn init_build_deploy_run(lang: Lang) {
     let id = d.api.start_run(&name, "{}").await;
     let run = d.api.wait_run(&id, WAIT).await;
     assert_eq!(run["status"], "succeeded", "[{}] {run}", lang.name);
+    let output = &run["output"];
     assert_eq!(
-        run["output"],
-        json!({"one": 1, "two": 2}),
-        "[{}]",
+        (&output["one"], &output["two"]),
+        (&json!(1), &json!(2)),
+        "[{}] {output}",
+        lang.name
+    );
+    // The soft deadline: what the attempt had left of its 30 s time limit, near the end.
+    let left = output["left"].as_u64().unwrap_or_default();
+    assert!(
+        (1..=30_000).contains(&left),
+        "[{}] time left {left} ms of 30 s: {output}",
         lang.name
     );
     assert_eq!(run["attempt"], 2, "[{}] {run}", lang.name);

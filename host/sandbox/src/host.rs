@@ -221,6 +221,11 @@ impl context::Host for State {
             trigger: i.trigger.clone(),
         })
     }
+
+    async fn time_left(&mut self) -> wasmtime::Result<u64> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        Ok(u64::try_from(left.as_millis()).unwrap_or(u64::MAX))
+    }
 }
 
 impl log::Host for State {

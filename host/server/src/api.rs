@@ -7,6 +7,7 @@ mod batch;
 mod deploy;
 mod runs;
 mod schedules;
+mod watch;
 
 pub use deploy::DeployParams;
 use deploy::*;
@@ -66,6 +67,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         )
         .route("/v1/runs/{id}", get(read::get_run))
         .route("/v1/runs/{id}/logs", get(read::get_logs))
+        .route("/v1/runs/{id}/events", get(watch::run_events))
         .route("/v1/runs/{id}/steps", get(read::list_steps))
         .route(
             "/v1/runs/{id}/steps/{name}/{occurrence}",

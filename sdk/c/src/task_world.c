@@ -245,6 +245,9 @@ extern void __wasm_import_wasi_http_outgoing_handler_handle(int32_t, int32_t, in
 __attribute__((__import_module__("wasq:task/context@0.1.0"), __import_name__("info")))
 extern void __wasm_import_wasq_task_context_info(uint8_t *);
 
+__attribute__((__import_module__("wasq:task/context@0.1.0"), __import_name__("time-left")))
+extern int64_t __wasm_import_wasq_task_context_time_left(void);
+
 // Imported Functions from `wasq:task/step@0.1.0`
 
 __attribute__((__import_module__("wasq:task/step@0.1.0"), __import_name__("begin")))
@@ -6504,6 +6507,11 @@ void wasq_task_context_info(wasq_task_context_run_info_t *ret) {
     (uint32_t) (uint32_t) (*((int32_t*) (ptr + (4+6*sizeof(void*))))),
     (task_world_string_t) (task_world_string_t) { (uint8_t*)(*((uint8_t **) (ptr + (8+6*sizeof(void*))))), (*((size_t*) (ptr + (8+7*sizeof(void*))))) },
   };
+}
+
+uint64_t wasq_task_context_time_left(void) {
+  int64_t ret = __wasm_import_wasq_task_context_time_left();
+  return (uint64_t) (ret);
 }
 
 bool wasq_task_step_begin(task_world_string_t *name, task_world_list_u8_t *ret) {

@@ -2099,6 +2099,11 @@ extern bool wasi_http_outgoing_handler_handle(wasi_http_outgoing_handler_own_out
 
 // Imported Functions from `wasq:task/context@0.1.0`
 extern void wasq_task_context_info(wasq_task_context_run_info_t *ret);
+// Milliseconds this attempt has left before its wall-clock limit (the function's
+// timeout) stops it; 0 once it has passed. A long job checks it and stores its
+// progress in a step before the limit (Celery's soft time limit): the next attempt
+// resumes from there.
+extern uint64_t wasq_task_context_time_left(void);
 
 // Imported Functions from `wasq:task/step@0.1.0`
 // Starts step `name`. `some(output)` when it completed in an earlier attempt: skip the

@@ -178,6 +178,8 @@ const wasq_run_info *wasq_context(void) {
   return run_info = r;
 }
 
+uint64_t wasq_time_left_ms(void) { return wasq_task_context_time_left(); }
+
 /* ---- Steps -------------------------------------------------------------------------------- */
 /* How many times `name` was begun before in this attempt (the host counts the same way). */
 static unsigned occurrence(const char *name) {

@@ -149,6 +149,10 @@ typedef struct wasq_run_info {
 
 const wasq_run_info *wasq_context(void);
 
+/* Milliseconds this attempt has left before its time limit (the function's timeout) stops
+ * it; 0 once passed. Checkpoint in a step before it: the next attempt goes on from there. */
+uint64_t wasq_time_left_ms(void);
+
 /* ---- Tiny JSON helpers (no parser needed for simple inputs) ------------------------- */
 /* Points at the value of top-level key `key` in JSON object `json` (whitespace skipped),
  * or NULL. Parse it further with strtol/strtod, or with the getters below. */

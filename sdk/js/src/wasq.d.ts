@@ -70,6 +70,8 @@ export interface RunInfo {
   trigger: string;
 }
 export function context(): RunInfo;
+/** Milliseconds this attempt has left before its time limit stops it; 0 once passed. */
+export function timeLeft(): number;
 /** Progress (0-100) and an optional message, shown by `wasq run --wait` and the dashboard. */
 export function progress(percent: number, message?: string): void;
 

@@ -6,7 +6,7 @@
 // componentize-js runs the module's top level once at build time and snapshots it
 // (Wizer): nothing at module level here may call the host.
 
-import { info as hostInfo } from 'wasq:task/context@0.1.0';
+import { info as hostInfo, timeLeft as hostTimeLeft } from 'wasq:task/context@0.1.0';
 import * as host from 'wasq:task/step@0.1.0';
 import { write } from 'wasq:task/log@0.1.0';
 import { report } from 'wasq:task/progress@0.1.0';
@@ -231,6 +231,14 @@ export function context() {
     runId: i.runId, function: i.function, tenant: i.tenant,
     attempt: i.attempt, maxAttempts: i.maxAttempts, trigger: i.trigger,
   };
+}
+
+/**
+ * Milliseconds this attempt has left before its time limit (the function's timeout) stops
+ * it; 0 once passed. Checkpoint in a step before it: the next attempt goes on from there.
+ */
+export function timeLeft() {
+  return Number(hostTimeLeft());
 }
 
 /** Reports progress (0-100) with an optional message; not durable (retries may repeat it). */

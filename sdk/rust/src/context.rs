@@ -43,3 +43,14 @@ pub fn info() -> RunInfo {
         trigger,
     }
 }
+
+/// How long this attempt has left before its wall-clock limit (the function's timeout)
+/// stops it; zero once it has passed.
+///
+/// A job with a long loop checks it and, when little is left, stores what it has done in
+/// a step and returns a retryable error: the next attempt replays that step and goes on
+/// from there instead of starting over (Celery's soft time limit). Its value differs
+/// between attempts: use it to decide when to checkpoint, not inside a step's result.
+pub fn time_left() -> std::time::Duration {
+    std::time::Duration::from_millis(wit::time_left())
+}

@@ -53,8 +53,8 @@ from .errors import ChildFailed, Error, Fatal, RetryAfter, Retryable
 
 __all__ = [
     "task", "step", "idempotency_key", "sleep", "sleep_until", "wait_for_event",
-    "send_event", "invoke", "call", "join", "progress", "context", "RunInfo", "log",
-    "http", "Error", "Retryable", "Fatal", "RetryAfter", "ChildFailed",
+    "send_event", "invoke", "call", "join", "progress", "context", "time_left", "RunInfo",
+    "log", "http", "Error", "Retryable", "Fatal", "RetryAfter", "ChildFailed",
 ]
 
 F = TypeVar("F", bound=Callable[[Any], Any])
@@ -76,6 +76,12 @@ def context() -> RunInfo:
     """The run's id, function, attempt number and trigger (only inside a run)."""
     i = _ctx.info()
     return RunInfo(i.run_id, i.function, i.tenant, i.attempt, i.max_attempts, i.trigger)
+
+
+def time_left() -> float:
+    """Seconds this attempt has left before its time limit (the function's timeout) stops
+    it; 0 once passed. Checkpoint in a step before it: the next attempt goes on from there."""
+    return _ctx.time_left() / 1000.0
 
 
 def progress(percent: float, message: Optional[str] = None) -> None:

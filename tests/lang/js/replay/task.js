@@ -1,7 +1,8 @@
 // The replay test task (same shape in every language): a completed step's body does not
-// run again on the next attempt. Expected: succeeds on attempt 2, output {"one":1,"two":2},
+// run again on the next attempt. Expected: succeeds on attempt 2, output {"one":1,"two":2}
+// and the milliseconds the attempt had left,
 // and the run's logs hold "step one body ran" once.
-import { task, step, context, log, RetryableError } from './wasq.js';
+import { task, step, context, timeLeft, log, RetryableError } from './wasq.js';
 
 export const run = task(async () => {
   const one = await step('one', () => {
@@ -13,5 +14,5 @@ export const run = task(async () => {
     log.info('step two body ran');
     return 2;
   });
-  return { one, two };
+  return { one, two, left: timeLeft() };
 });

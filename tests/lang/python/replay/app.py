@@ -1,5 +1,6 @@
 """The replay test task (same shape in every language): a completed step's body does not
-run again on the next attempt. Expected: succeeds on attempt 2, output {"one": 1, "two": 2},
+run again on the next attempt. Expected: succeeds on attempt 2, output {"one": 1, "two": 2}
+and the milliseconds the attempt had left,
 and the run's logs hold "step one body ran" once."""
 
 import wasq
@@ -21,4 +22,4 @@ def main(input: object) -> dict:
     if wasq.context().attempt == 1:
         raise wasq.Retryable("fail once")
     second = wasq.step("two", two)
-    return {"one": first, "two": second}
+    return {"one": first, "two": second, "left": int(wasq.time_left() * 1000)}

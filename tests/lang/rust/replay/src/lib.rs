@@ -1,5 +1,6 @@
 //! The replay task of tests/tests/languages.rs, in Rust: step one, a retryable failure on
-//! the first attempt, step two. The retry must not run step one's body again.
+//! the first attempt, step two. The retry must not run step one's body again. `left`: the
+//! milliseconds the attempt had left (its soft deadline).
 
 use wasq_guest::serde_json::{Value, json};
 use wasq_guest::{Error, context, info, step};
@@ -16,7 +17,8 @@ fn handler(_input: Value) -> Result<Value, Error> {
         info!("step two body ran");
         Ok(2)
     })?;
-    Ok(json!({"one": one, "two": two}))
+    let left = context::time_left().as_millis() as u64;
+    Ok(json!({"one": one, "two": two, "left": left}))
 }
 
 wasq_guest::task!(handler);
