@@ -91,7 +91,7 @@ pub(crate) async fn wait_for(client: &Client, id: &str) -> Result<Value> {
     let ended = follow_events(client, id, |kind, data, _| {
         match kind {
             "status" => {
-                for field in ["status", "attempt", "due_at", "wait"] {
+                for field in ["status", "attempt", "due_at", "updated_at", "wait"] {
                     run[field] = data[field].clone();
                 }
             }

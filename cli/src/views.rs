@@ -68,7 +68,10 @@ pub(crate) fn status_line(run: &Value) -> String {
 
 /// A queued run due after it was last queued: delayed, or waiting out a retry's backoff.
 pub(crate) fn is_delayed(run: &Value) -> bool {
-    run["due_at"].as_i64() > run["updated_at"].as_i64()
+    matches!(
+        (run["due_at"].as_i64(), run["updated_at"].as_i64()),
+        (Some(due), Some(updated)) if due > updated
+    )
 }
 
 pub(crate) fn runs(runs: &Value, output: Output) {

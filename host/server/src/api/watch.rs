@@ -4,8 +4,8 @@
 //! at once when the run ends in this process) the server reads what the run recorded since
 //! the last read, so a worker on another machine reaches a client of any API server.
 //! Events, in the order the run recorded them:
-//! - `status`: `{"status", "attempt", "due_at", "wait"}`, first `queued`, then each waiting state
-//!   seen (`queued` again for a retry, `sleeping`, `waiting`);
+//! - `status`: `{"status", "attempt", "due_at", "updated_at", "wait"}`, first `queued`, then
+//!   each waiting state seen (`queued` again for a retry, `sleeping`, `waiting`);
 //! - `attempt`: an execution started (`{"attempt", "worker", "started_at"}`) and, when it
 //!   ended, `attempt_end` (`{"attempt", "finished_at", "error", "suspended_until"}`);
 //! - `step`: a completed step, without its output (`StepInfo`);
@@ -91,7 +91,18 @@ impl Watch {
         };
         let run = &detail.run;
         if self.first && run.status != RunStatus::Skipped {
-            let queued = json!({ "status": "queued", "attempt": 0, "due_at": run.created_at });
+            // When it was first due: its due time until an attempt started.
+            let due_at = if run.attempt == 0 {
+                run.due_at
+            } else {
+                run.created_at
+            };
+            let queued = json!({
+                "status": "queued",
+                "attempt": 0,
+                "due_at": due_at,
+                "updated_at": run.created_at,
+            });
             self.pending.push_back(self.event("status", queued));
             self.status = Some((RunStatus::Queued, 0));
         }
@@ -207,6 +218,7 @@ impl Watch {
                 "status": run.status,
                 "attempt": run.attempt,
                 "due_at": run.due_at,
+                "updated_at": run.updated_at,
                 "wait": run.wait,
             });
             self.pending.push_back(self.event("status", data));
