@@ -177,3 +177,69 @@ async fn events_of_a_run_on_another_process_arrive_in_order_and_resume() {
     assert!(out.contains("\"left\""), "the output last: {out}");
     daemon.stop().await;
 }
+
+/// A tenant may hold `max_event_streams_per_tenant` streams open on a server: the next is
+/// refused with 429 and another tenant is not; a closed stream gives its room back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_s_event_streams_are_capped() {
+    let daemon = Daemon::start_with(|c| {
+        c.concurrency = 0;
+        c.http.max_event_streams_per_tenant = 2;
+    })
+    .await;
+    let api = &daemon.api;
+    api.deploy("echo", guest("echo"), "").await;
+    // Due in an hour: its stream stays open.
+    let (_, run) = api.post("/v1/functions/echo/runs?delay=1h", "{}").await;
+    let id = run["id"].as_str().unwrap().to_owned();
+    let open = |api: &Api| {
+        api.http
+            .get(format!("{}/v1/runs/{id}/events", api.base))
+            .send()
+    };
+    let first = open(api).await.unwrap();
+    let second = open(api).await.unwrap();
+    assert_eq!(
+        (first.status().as_u16(), second.status().as_u16()),
+        (200, 200)
+    );
+    let third = open(api).await.unwrap();
+    assert_eq!(third.status(), 429);
+    let body: Value = third.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "too_many_streams", "{body}");
+
+    // Another tenant has room of its own (its run is not ours: 404 after the room check
+    // would be wrong, so it watches a run of its own).
+    let other = daemon.admin.new_tenant("other").await;
+    other.deploy("echo", guest("echo"), "").await;
+    let (_, theirs) = other.post("/v1/functions/echo/runs?delay=1h", "{}").await;
+    let theirs = theirs["id"].as_str().unwrap().to_owned();
+    let resp = other
+        .http
+        .get(format!("{}/v1/runs/{theirs}/events", other.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+
+    // A client that goes away gives its room back.
+    drop(first);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let again = open(api).await.unwrap();
+        if again.status() == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the closed stream's room never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Stopping the server ends the streams still open (their clients reconnect, to
+    // another server, with their Last-Event-ID).
+    tokio::time::timeout(Duration::from_secs(20), daemon.stop())
+        .await
+        .expect("the daemon stops while streams are open");
+    drop((second, resp));
+}

@@ -13,6 +13,7 @@ pub use deploy::DeployParams;
 use deploy::*;
 use runs::*;
 use schedules::*;
+pub(crate) use watch::Streams;
 mod read;
 mod redeploy;
 

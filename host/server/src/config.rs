@@ -78,6 +78,10 @@ pub struct HttpLimits {
     pub upload_bytes_in_flight: u64,
     /// How long an upload waits for room before it is refused.
     pub upload_wait: Duration,
+    /// Run event streams (`GET /v1/runs/{id}/events`) one tenant may hold open on this
+    /// server at once; more answer 429. Each reads the store every 100 ms: one tenant's
+    /// watchers cannot load the store for everyone.
+    pub max_event_streams_per_tenant: usize,
 }
 
 impl Default for HttpLimits {
@@ -89,6 +93,7 @@ impl Default for HttpLimits {
             max_connections_per_ip: 256,
             upload_bytes_in_flight: 128 << 20,
             upload_wait: Duration::from_secs(30),
+            max_event_streams_per_tenant: 64,
         }
     }
 }

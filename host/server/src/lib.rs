@@ -71,6 +71,10 @@ pub(crate) struct App {
     pub uploads: Arc<tokio::sync::Semaphore>,
     /// Runs that ended in this process, for requests waiting on them.
     pub finished: tokio::sync::broadcast::Sender<wasq_core::RunId>,
+    /// Run event streams open, per tenant (see `HttpLimits::max_event_streams_per_tenant`).
+    pub streams: api::Streams,
+    /// The daemon's shutdown: streams that would not end by themselves end with it.
+    pub shutdown: CancellationToken,
     pub worker_id: String,
     /// Held for the daemon's life: one daemon per data folder (embedded store only).
     _lock: Option<std::fs::File>,
@@ -220,6 +224,8 @@ pub(crate) async fn assemble(
         guard: guard::Guard::default(),
         uploads: Arc::new(tokio::sync::Semaphore::new(upload_kib)),
         finished: tokio::sync::broadcast::channel(1024).0,
+        streams: api::Streams::default(),
+        shutdown: shutdown.clone(),
         _lock: lock,
     });
 

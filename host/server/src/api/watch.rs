@@ -61,7 +61,54 @@ impl Cursor {
     }
 }
 
+/// Event streams open per tenant.
+#[derive(Default)]
+pub(crate) struct Streams(std::sync::Mutex<std::collections::HashMap<String, usize>>);
+
+/// One open stream of a tenant; closing it (the client went, the run ended) gives the
+/// room back.
+struct Opened {
+    app: Arc<App>,
+    tenant: String,
+}
+
+impl Streams {
+    fn open(app: &Arc<App>, tenant: &str) -> Result<Opened, ApiError> {
+        let max = app.config.http.max_event_streams_per_tenant;
+        let mut open = app.streams.0.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.entry(tenant.to_owned()).or_default();
+        if *n >= max {
+            return Err(ApiError {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                code: "too_many_streams",
+                message: format!(
+                    "tenant {tenant:?} has {max} run event streams open on this server, its most: close one first"
+                ),
+                retry_after_ms: Some(1000),
+            });
+        }
+        *n += 1;
+        Ok(Opened {
+            app: app.clone(),
+            tenant: tenant.to_owned(),
+        })
+    }
+}
+
+impl Drop for Opened {
+    fn drop(&mut self) {
+        let mut open = self.app.streams.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.tenant) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.tenant);
+            }
+        }
+    }
+}
+
 struct Watch {
+    _opened: Opened,
     app: Arc<App>,
     tenant: String,
     id: String,
@@ -238,14 +285,19 @@ impl Watch {
             if !self.first {
                 let mut ended = self.app.finished.subscribe();
                 let id = self.id.clone();
-                let _ = tokio::time::timeout(POLL, async move {
+                let wait = tokio::time::timeout(POLL, async move {
                     while let Ok(done) = ended.recv().await {
                         if done == id {
                             break;
                         }
                     }
-                })
-                .await;
+                });
+                tokio::select! {
+                    _ = wait => {}
+                    // The server is stopping: the client reconnects (to another server)
+                    // with its Last-Event-ID and loses nothing.
+                    () = self.app.shutdown.cancelled() => return None,
+                }
             }
             if let Err(e) = self.read().await {
                 // The client reconnects with its Last-Event-ID and loses nothing.
@@ -279,6 +331,7 @@ pub(crate) async fn run_events(
     };
     let resumed = cursor != Cursor::default();
     let watch = Watch {
+        _opened: Streams::open(&app, &scope.tenant)?,
         app,
         tenant: scope.tenant,
         id,
