@@ -37,7 +37,11 @@ pub(crate) async fn run(client: Client, args: RunArgs) -> Result<ExitCode> {
             out::line(&id, out::SHORT),
             out::field(&run["status"]),
             units::format_time_ms(due),
-            humantime::format_duration(Duration::from_millis(ahead.max(0) as u64))
+            // To the tenth of a second: the store wrote the run a moment after the API
+            // read the clock for the delay.
+            humantime::format_duration(Duration::from_millis(
+                ((ahead.max(0) as u64) + 50) / 100 * 100
+            ))
         );
     }
     if !args.wait {
