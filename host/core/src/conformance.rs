@@ -449,32 +449,27 @@ async fn deploy_fn(store: &impl Store, name: &str, digest: &str, max_attempts: u
 }
 
 async fn enqueue(store: &impl Store, function: &str, input: &str) -> Run {
-    store
-        .enqueue(EnqueueRequest {
-            tenant: DEFAULT_TENANT.into(),
-            function: function.into(),
-            input: input.as_bytes().to_vec(),
-            trigger: "api".into(),
-            due_at: None,
-            idempotency_key: None,
-            retry: None,
-            parent: None,
-            priority: None,
-        })
-        .await
-        .expect("enqueue")
-        .run
+    enqueue_due(store, function, input, None).await
 }
 
 /// Enqueues a run asked to start at `due_at`.
 async fn enqueue_at(store: &impl Store, function: &str, input: &str, due_at: Millis) -> Run {
+    enqueue_due(store, function, input, Some(due_at)).await
+}
+
+async fn enqueue_due(
+    store: &impl Store,
+    function: &str,
+    input: &str,
+    due_at: Option<Millis>,
+) -> Run {
     store
         .enqueue(EnqueueRequest {
             tenant: DEFAULT_TENANT.into(),
             function: function.into(),
             input: input.as_bytes().to_vec(),
             trigger: "api".into(),
-            due_at: Some(due_at),
+            due_at,
             idempotency_key: None,
             retry: None,
             parent: None,

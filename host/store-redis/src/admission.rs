@@ -21,14 +21,8 @@ impl RedisStore {
                 .s(&id)
                 .s(&req.function)
                 .b(req.input.clone())
-                .s(&req.trigger)
-                .opt_n(req.due_at.map(|_| req.start_at(now)))
-                .s(req.idempotency_key.as_deref().unwrap_or(""))
-                .b(match &req.retry {
-                    Some(r) => to_json(r)?,
-                    None => Vec::new(),
-                })
-                .opt_n(req.retry.map(|r| r.max_attempts))
+                .s(&req.trigger);
+            let args = per_run_args(args, &req, now)?
                 .s(req.parent.as_deref().unwrap_or(""))
                 .s(&fs.version);
             let admission = if req.parent.is_none() {
@@ -106,16 +100,7 @@ impl RedisStore {
                     .flow
                     .plan(&req.function, &req.input, req.priority);
                 let debounced = self.debounced_run(&tenant, &plan).await?;
-                args = args
-                    .s(&id)
-                    .b(req.input.clone())
-                    .opt_n(req.due_at.map(|_| req.start_at(now)))
-                    .s(req.idempotency_key.as_deref().unwrap_or(""))
-                    .b(match &req.retry {
-                        Some(r) => to_json(r)?,
-                        None => Vec::new(),
-                    })
-                    .opt_n(req.retry.map(|r| r.max_attempts));
+                args = per_run_args(args.s(&id).b(req.input.clone()), req, now)?;
                 args = flow_args(args, &plan, &id, None, &debounced)?;
                 planned.push((id, plan));
             }
@@ -357,6 +342,19 @@ pub(crate) fn flow_args(
 /// A run the enqueue script created queued: the run the request makes (core's
 /// `EnqueueRequest::into_run`) with what only the script knew of it (`made`: status,
 /// due_at, digest, max_attempts, sbytes), the same fields `decode` would read back.
+/// What the enqueue scripts take of each run's request, in their order: due ('' = now),
+/// idempotency key or '', retry override JSON or '', its max_attempts.
+fn per_run_args(args: Args, req: &EnqueueRequest, now: i64) -> Result<Args, StoreError> {
+    Ok(args
+        .opt_n(req.due_at.map(|_| req.start_at(now)))
+        .s(req.idempotency_key.as_deref().unwrap_or(""))
+        .b(match &req.retry {
+            Some(r) => to_json(r)?,
+            None => Vec::new(),
+        })
+        .opt_n(req.retry.map(|r| r.max_attempts)))
+}
+
 fn new_run(
     req: EnqueueRequest,
     id: String,
