@@ -234,6 +234,7 @@ async fn transitions(redis: &Counted, n: usize, step: bool) -> [f64; 3] {
             worker: "bench".into(),
             limit: CONCURRENCY,
             lease_ms: 30_000,
+            queues: Vec::new(),
         };
         let claimed = store.claim(req).await.unwrap();
         claim += redis.read();

@@ -64,6 +64,12 @@ pub(crate) enum Command {
     /// Cron schedules: list with next fire times, pause, resume, run now.
     #[command(subcommand)]
     Cron(CronCommand),
+    /// Queue depths: runs waiting to start and running, per queue.
+    Queues {
+        /// How to print: a table for people, or JSON for programs.
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
     /// Tenants, their quotas and usage (operator key).
     #[command(subcommand)]
     Tenants(TenantsCommand),
@@ -213,6 +219,10 @@ pub(crate) struct DevArgs {
     /// Runs executed at once (default: 4 per core).
     #[arg(long)]
     pub(crate) concurrency: Option<usize>,
+    /// Execute runs only from these queues, in this order (see `wasq worker --queues`).
+    /// Default: every queue.
+    #[arg(long, value_name = "QUEUE,...", value_parser = worker_queues)]
+    pub(crate) queues: Option<QueueList>,
     #[command(flatten)]
     pub(crate) daemon: DaemonArgs,
 }
@@ -243,6 +253,15 @@ pub(crate) struct ServerArgs {
     pub(crate) daemon: DaemonArgs,
 }
 
+/// A `--queues` list: one flag value, so clap must not take it for several.
+#[derive(Debug, Clone)]
+pub(crate) struct QueueList(pub(crate) Vec<String>);
+
+/// A `--queues` list, checked by core's rules.
+pub(crate) fn worker_queues(s: &str) -> Result<QueueList, String> {
+    wasq_core::queues::parse_worker_queues(s).map(QueueList)
+}
+
 pub(crate) fn at_least_one(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(n) if n >= 1 => Ok(n),
@@ -263,6 +282,10 @@ pub(crate) struct WorkerArgs {
     /// CI. Runs due later (delayed, backing off, sleeping) and waiting runs are left.
     #[arg(long)]
     pub(crate) burst: bool,
+    /// Take runs only from these queues, in this order (`critical,default,low`); one claim
+    /// in 8 starts with a later queue, so the last is not starved. Default: every queue.
+    #[arg(long, value_name = "QUEUE,...", value_parser = worker_queues)]
+    pub(crate) queues: Option<QueueList>,
     #[command(flatten)]
     pub(crate) daemon: DaemonArgs,
 }

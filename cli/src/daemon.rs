@@ -26,6 +26,7 @@ pub(crate) async fn dev(args: DevArgs, admin_key: Option<String>) -> Result<Exit
     if let Some(n) = args.concurrency {
         config.concurrency = n;
     }
+    config.queues = args.queues.map(|q| q.0).unwrap_or_default();
     let place = match &args.redis {
         Some(url) => {
             config.store = wasq_server::StoreBackend::Redis(url.clone());
@@ -65,6 +66,7 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode> {
         bail!("--concurrency must be at least 1 for a worker");
     }
     config.burst = args.burst;
+    config.queues = args.queues.map(|q| q.0).unwrap_or_default();
     let place = match &args.redis {
         Some(url) => {
             config.store = wasq_server::StoreBackend::Redis(url.clone());
@@ -91,6 +93,11 @@ pub(crate) async fn serve_until_signal(
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     let concurrency = config.concurrency;
     let burst = config.burst;
+    let from = if config.queues.is_empty() {
+        String::new()
+    } else {
+        format!(" from queues {}", config.queues.join(", "))
+    };
     let data = config.data_dir.clone();
     let shutdown = CancellationToken::new();
     // Before starting: a daemon waiting for its Redis stops on Ctrl-C / SIGTERM too.
@@ -110,11 +117,13 @@ pub(crate) async fn serve_until_signal(
         }
         None if burst => {
             outln!(
-                "{verb}: running what is due, up to {concurrency} at once ({place}), then exiting"
+                "{verb}: running what is due{from}, up to {concurrency} at once ({place}), then exiting"
             )
         }
         None => {
-            outln!("{verb}: running up to {concurrency} runs at once ({place}); Ctrl-C to stop")
+            outln!(
+                "{verb}: running up to {concurrency} runs at once{from} ({place}); Ctrl-C to stop"
+            )
         }
     }
     running

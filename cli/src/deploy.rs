@@ -75,6 +75,10 @@ pub(crate) struct DeployArgs {
     /// cancelled, with the run's id, input and errors; "" removes it.
     #[arg(long, value_name = "FUNCTION")]
     on_failure: Option<String>,
+    /// The queue its runs wait in (default "default"); `wasq worker --queues` picks
+    /// which queues a worker takes.
+    #[arg(long, value_name = "QUEUE")]
+    queue: Option<String>,
     /// Start from the server's defaults: without it, a redeploy keeps every setting,
     /// event and schedule the function has and the flags or manifest do not give.
     #[arg(long)]
@@ -133,6 +137,9 @@ impl DeployArgs {
         if self.on_failure.is_none() {
             self.on_failure.clone_from(&m.on_failure);
         }
+        if self.queue.is_none() {
+            self.queue.clone_from(&m.queue);
+        }
     }
 
     fn query(&self) -> Vec<(&'static str, String)> {
@@ -172,6 +179,7 @@ impl DeployArgs {
         }
         query.extend(self.flow.query());
         query.extend(self.on_failure.clone().map(|f| ("on_failure", f)));
+        query.extend(self.queue.clone().map(|q| ("queue", q)));
         if self.reset_settings {
             query.push(("reset_settings", "true".into()));
         }

@@ -191,6 +191,11 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             views::schedules(&schedules, output);
             Ok(ExitCode::SUCCESS)
         }
+        Command::Queues { output } => {
+            let queues = client()?.get("/v1/queues", &[]).await?;
+            views::queues(&queues, output);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Tenants(cmd) => tenants(admin()?, cmd).await,
         Command::Keys(cmd) => keys(admin()?, cmd).await,
         Command::Audit {

@@ -72,6 +72,7 @@ pub(crate) struct DeploySettings {
     #[serde(default, deserialize_with = "text")]
     pub priority_aging: Option<String>,
     pub on_failure: Option<String>,
+    pub queue: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]

@@ -190,13 +190,14 @@ pub(crate) fn log_line(l: &Value) -> String {
 
 fn functions_table(fns: &Value) -> comfy_table::Table {
     let mut t = table(&[
-        "NAME", "DIGEST", "SIZE", "TIMEOUT", "FUEL", "MEMORY", "ATTEMPTS", "UPDATED",
+        "NAME", "QUEUE", "DIGEST", "SIZE", "TIMEOUT", "FUEL", "MEMORY", "ATTEMPTS", "UPDATED",
     ]);
     for f in items(fns) {
         let s = &f["settings"];
         let digest = out::field(&f["digest"]);
         t.add_row(vec![
             out::field(&f["name"]),
+            out::field(&s["queue"]),
             digest.get(..12).unwrap_or(&digest).to_owned(),
             units::format_size(f["size_bytes"].as_u64().unwrap_or(0)),
             format!("{}ms", out::field(&s["limits"]["timeout_ms"])),
@@ -292,6 +293,20 @@ pub(crate) fn schedules(schedules: &Value, output: Output) {
                     "active".into()
                 },
                 next.join(", "),
+            ]);
+        }
+        t
+    });
+}
+
+pub(crate) fn queues(queues: &Value, output: Output) {
+    print(queues, output, |queues| {
+        let mut t = table(&["QUEUE", "QUEUED", "RUNNING"]);
+        for q in items(queues) {
+            t.add_row(vec![
+                out::field(&q["queue"]),
+                out::field(&q["queued"]),
+                out::field(&q["running"]),
             ]);
         }
         t

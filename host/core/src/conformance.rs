@@ -13,6 +13,7 @@ mod durable;
 mod ends;
 mod flow;
 mod history;
+mod queues;
 mod runs;
 mod storage;
 mod tenants;
@@ -157,6 +158,16 @@ fn scenarios<S: Store + Directory>() -> Vec<(&'static str, &'static str, Scenari
             "delayed",
             "a delayed run starts at its time, not before, and never once cancelled",
             |s, c| Box::pin(actions::delayed(s, c)),
+        ),
+        (
+            "named_queues",
+            "a claim naming queues takes only their runs, in the order named",
+            |s, c| Box::pin(queues::named_queues(s, c)),
+        ),
+        (
+            "all_queues_rank_together",
+            "a claim naming no queue takes every queue, oldest first",
+            |s, c| Box::pin(queues::all_queues_rank_together(s, c)),
         ),
         (
             "enqueue_batch",
@@ -376,6 +387,8 @@ macro_rules! conformance_tests {
             manual_retry,
             cancel_and_retry_say_who,
             delayed,
+            named_queues,
+            all_queues_rank_together,
             enqueue_batch,
             run_id_prefixes,
             idempotency,
@@ -486,6 +499,7 @@ async fn claim(store: &impl Store, worker: &str, limit: usize) -> Vec<Claimed> {
             worker: worker.into(),
             limit,
             lease_ms: LEASE,
+            queues: Vec::new(),
         })
         .await
         .expect("claim")

@@ -20,6 +20,7 @@ pub mod ids;
 pub mod lifecycle;
 mod model;
 pub mod names;
+pub mod queues;
 mod retry;
 pub mod storage;
 mod store;

@@ -132,7 +132,7 @@ impl Default for Limits {
 }
 
 /// What a deploy sets for a function; every field has a default.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FunctionSettings {
     pub limits: Limits,
     pub retry: RetryPolicy,
@@ -147,6 +147,23 @@ pub struct FunctionSettings {
     /// [`crate::lifecycle::failure_handler`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_failure: Option<String>,
+    /// The queue its runs wait in (see [`crate::queues`]): workers started with
+    /// `--queues` take only runs of the queues they name. Pinned in each run's settings.
+    #[serde(default = "crate::queues::default_queue")]
+    pub queue: String,
+}
+
+impl Default for FunctionSettings {
+    fn default() -> Self {
+        FunctionSettings {
+            limits: Limits::default(),
+            retry: RetryPolicy::default(),
+            allow_hosts: Vec::new(),
+            flow: FlowControl::default(),
+            on_failure: None,
+            queue: crate::queues::default_queue(),
+        }
+    }
 }
 
 /// A named, deployed component. Redeploying a name replaces its component for new runs;

@@ -71,10 +71,15 @@ pub trait Queue: Send + Sync + 'static {
     async fn end_attempts(&self, ends: Vec<AttemptEnd>) -> Vec<Result<RunStatus, StoreError>>;
 
     /// Returns when a run may have become claimable (created, due, resumed, handed back)
-    /// or after `max`, whichever is first. Backends shared by several processes wake idle
+    /// or after `max`, whichever is first; for a worker that names `queues` (as its
+    /// claims do), a run of those queues. Backends shared by several processes wake idle
     /// workers through it; the default only sleeps, and the daemon also wakes its own
     /// worker in-process.
-    async fn wait_for_work(&self, max: std::time::Duration) -> Result<(), StoreError> {
+    async fn wait_for_work(
+        &self,
+        max: std::time::Duration,
+        _queues: &[String],
+    ) -> Result<(), StoreError> {
         tokio::time::sleep(max).await;
         Ok(())
     }
@@ -126,6 +131,9 @@ pub trait Runs: Send + Sync + 'static {
     ) -> Result<Option<StepRecord>, StoreError>;
     /// Newest first.
     async fn runs(&self, query: RunQuery) -> Result<Vec<Run>, StoreError>;
+    /// The tenant's runs waiting to start (queued, delayed ones included) and running,
+    /// per queue, in queue name order; queues with neither are left out.
+    async fn queue_depths(&self, tenant: &str) -> Result<Vec<QueueDepth>, StoreError>;
     /// Log lines in the order written, after the first `skip`, at most `limit`.
     async fn logs(
         &self,
@@ -388,11 +396,25 @@ pub struct Enqueued {
     pub created: bool,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ClaimRequest {
     pub worker: String,
     pub limit: usize,
     pub lease_ms: u64,
+    /// The queues to take runs from, in this order: every run of the first queue that can
+    /// start goes before any of the second (tenants still take turns within a queue).
+    /// Empty: every queue, as one (rank alone orders). The worker puts them in order with
+    /// [`crate::queues::claim_order`].
+    pub queues: Vec<String>,
+}
+
+/// A queue's load, as [`Runs::queue_depths`] counts it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueDepth {
+    pub queue: String,
+    /// Waiting to start: queued, delayed or backing off.
+    pub queued: u64,
+    pub running: u64,
 }
 
 /// The right to run one attempt. `token` grows with every claim of the run: the fence.

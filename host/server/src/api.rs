@@ -62,6 +62,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/runs", get(read::list_runs))
         .route("/v1/events", axum::routing::post(send_event))
         .route("/v1/schedules", get(list_schedules))
+        .route("/v1/queues", get(read::list_queues))
         .route(
             "/v1/functions/{name}/schedule/{action}",
             axum::routing::post(schedule_action),

@@ -26,6 +26,9 @@ pub struct Config {
     /// and every attempt it started has ended, and the daemon stops with it. Runs due
     /// later (delayed, backing off, sleeping) and waiting runs are left for other workers.
     pub burst: bool,
+    /// The queues this process's worker takes runs from, in that order (`wasq worker
+    /// --queues critical,default`); empty takes every queue. See [`wasq_core::queues`].
+    pub queues: Vec<String>,
     /// How long a claimed run stays leased without renewal; renewed every third of it.
     pub lease: Duration,
     /// On shutdown, how long running attempts may take to finish before they are
@@ -138,6 +141,7 @@ impl Config {
                 .map(|n| n.get() * 4)
                 .unwrap_or(8),
             burst: false,
+            queues: Vec::new(),
             lease: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(10),
             poll_interval: Duration::from_millis(200),

@@ -137,6 +137,8 @@ pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
     let mut backlog = false;
     let batch = (app.config.concurrency / 4).max(1) as u32;
 
+    // Claims made: every few puts a later queue first (wasq_core::queues::claim_order).
+    let mut claims: u64 = 0;
     while !shutdown.is_cancelled() {
         let Ok(first) = slots.clone().acquire_owned().await else {
             break;
@@ -154,7 +156,9 @@ pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
             worker: app.worker_id.clone(),
             limit: free,
             lease_ms: app.config.lease.as_millis() as u64,
+            queues: wasq_core::queues::claim_order(&app.config.queues, claims),
         };
+        claims += 1;
         let asked = Instant::now();
         let claimed = match app.store.claim(req).await {
             Ok(c) => {
@@ -257,7 +261,7 @@ pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
 async fn wait_for_work(app: &App, shutdown: &CancellationToken) {
     tokio::select! {
         _ = app.wake.notified() => {}
-        r = app.store.wait_for_work(app.config.poll_interval) => {
+        r = app.store.wait_for_work(app.config.poll_interval, &app.config.queues) => {
             if let Err(e) = r {
                 tracing::debug!(error = %e, "waiting for work failed");
                 tokio::select! {

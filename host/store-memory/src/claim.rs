@@ -53,7 +53,19 @@ pub(crate) fn claim(
             }
         })?;
     }
-    claim_round_robin(st, now, req)
+    // Queues in the order asked (none named: every queue, as one).
+    if req.queues.is_empty() {
+        return claim_round_robin(st, now, req, None, req.limit);
+    }
+    let mut claimed = Vec::new();
+    for queue in &req.queues {
+        let left = req.limit - claimed.len();
+        if left == 0 {
+            break;
+        }
+        claimed.extend(claim_round_robin(st, now, req, Some(queue), left)?);
+    }
+    Ok(claimed)
 }
 
 /// Takes back runs whose worker stopped renewing: queued again, or failed for good.
@@ -122,7 +134,8 @@ fn room(st: &State, tenant: &str) -> u64 {
 }
 
 /// The claim proper, after reaping and promotion: the tenants with runs in their lane take
-/// turns, one run per turn, until `limit` runs are leased or no tenant has a startable run.
+/// turns, one run per turn, until `limit` runs are leased or no tenant has a startable run
+/// (of `queue`, when one is given).
 /// The first round walks the tenants in name order from the one after the cursor
 /// (wrapping around) and stops as soon as `limit` runs are leased; tenants that got a run
 /// and may start more go round again. The tenant served last is where the next claim
@@ -131,6 +144,8 @@ fn claim_round_robin(
     st: &mut State,
     now: Millis,
     req: &ClaimRequest,
+    queue: Option<&str>,
+    limit: usize,
 ) -> Result<Vec<Claimed>, StoreError> {
     let expires_at = now.saturating_add(req.lease_ms as i64);
     let after = st.cursor.clone();
@@ -145,7 +160,7 @@ fn claim_round_robin(
                     parks: &mut usize,
                     claimed: &mut Vec<Claimed>|
      -> Result<Option<(String, u64)>, StoreError> {
-        let Some(id) = next_startable(st, &tenant, now, parks)? else {
+        let Some(id) = next_startable(st, &tenant, queue, now, parks)? else {
             return Ok(None);
         };
         claimed.push(lease_run(st, &tenant, &id, &req.worker, now, expires_at)?);
@@ -155,7 +170,7 @@ fn claim_round_robin(
     let mut from = after.clone();
     let mut wrapped = after.is_empty();
     let mut visited = 0;
-    while claimed.len() < req.limit && visited < LANE_TENANTS_MAX {
+    while claimed.len() < limit && visited < LANE_TENANTS_MAX {
         let found = st
             .lanes
             .range::<str, _>((Bound::Excluded(from.as_str()), Bound::Unbounded))
@@ -181,7 +196,7 @@ fn claim_round_robin(
             again.push_back(turn);
         }
     }
-    while claimed.len() < req.limit {
+    while claimed.len() < limit {
         let Some((tenant, room)) = again.pop_front() else {
             break;
         };
@@ -195,12 +210,15 @@ fn claim_round_robin(
     Ok(claimed)
 }
 
-/// The tenant's best-ranked run in its lane that its gates let start now. Runs whose
+/// The tenant's best-ranked run in its lane (of `queue`, when given: this reference store
+/// skips the lane's other runs, where the others keep a lane per queue) that its gates let
+/// start now. Runs whose
 /// concurrency key is full or whose throttle window is full (first starts only) are
 /// parked on that gate on the way; `None` when none is left or `parks` ran out.
 fn next_startable(
     st: &mut State,
     tenant: &str,
+    queue: Option<&str>,
     now: Millis,
     parks: &mut usize,
 ) -> Result<Option<RunId>, StoreError> {
@@ -211,7 +229,15 @@ fn next_startable(
         let Some(space) = st.spaces.get(tenant) else {
             return Ok(None);
         };
-        let Some((_, id)) = space.lane.first() else {
+        let head = space.lane.iter().find(|(_, id)| {
+            queue.is_none_or(|q| {
+                space
+                    .runs
+                    .get(id)
+                    .is_some_and(|e| e.run.settings.queue == q)
+            })
+        });
+        let Some((_, id)) = head else {
             return Ok(None);
         };
         let id = id.clone();

@@ -214,6 +214,10 @@ impl Runs for MemoryStore {
         self.with(|st, _| Ok(queries::runs(st, &query)))
     }
 
+    async fn queue_depths(&self, tenant: &str) -> Result<Vec<QueueDepth>, StoreError> {
+        self.with(|st, _| Ok(queries::queue_depths(st, tenant)))
+    }
+
     async fn logs(
         &self,
         tenant: &str,

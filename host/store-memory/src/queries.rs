@@ -126,3 +126,27 @@ pub(crate) fn run_ids(st: &State, tenant: &str, prefix: &str, limit: usize) -> V
         .cloned()
         .collect()
 }
+
+/// [`Runs::queue_depths`]: the tenant's queued and running runs, counted per queue.
+pub(crate) fn queue_depths(st: &State, tenant: &str) -> Vec<QueueDepth> {
+    let mut by_queue: std::collections::BTreeMap<&str, (u64, u64)> = Default::default();
+    let Some(space) = st.spaces.get(tenant) else {
+        return Vec::new();
+    };
+    for (status, slot) in [(RunStatus::Queued, 0), (RunStatus::Running, 1)] {
+        for id in space.by_status.get(&status).into_iter().flatten() {
+            if let Some(e) = space.runs.get(id) {
+                let n = by_queue.entry(e.run.settings.queue.as_str()).or_default();
+                if slot == 0 { n.0 += 1 } else { n.1 += 1 }
+            }
+        }
+    }
+    by_queue
+        .into_iter()
+        .map(|(queue, (queued, running))| QueueDepth {
+            queue: queue.to_owned(),
+            queued,
+            running,
+        })
+        .collect()
+}

@@ -12,47 +12,126 @@ const CLAIM_ROUNDS_MAX: usize = 32;
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 impl RedisStore {
-    pub(crate) async fn wait_for_due(&self, max: Duration) -> Result<(), StoreError> {
+    /// Sleeps until the earliest due time of the schedule the claims of `queues` read
+    /// (`due`, or each named queue's `due:<queue>`), or until a wake-up token arrives.
+    pub(crate) async fn wait_for_due(
+        &self,
+        max: Duration,
+        queues: &[String],
+    ) -> Result<(), StoreError> {
         let now = self.now();
-        let head: Vec<(String, f64)> = self
-            .query(
-                redis::cmd("ZRANGE")
-                    .arg(self.g("due"))
-                    .arg(0)
-                    .arg(0)
-                    .arg("WITHSCORES"),
-            )
-            .await?;
         let mut wait = max;
-        if let Some((_, score)) = head.first() {
-            let at = *score as i64;
-            if at <= now {
-                return Ok(());
+        for key in self.due_keys(queues) {
+            let head: Vec<(String, f64)> = self
+                .query(
+                    redis::cmd("ZRANGE")
+                        .arg(key)
+                        .arg(0)
+                        .arg(0)
+                        .arg("WITHSCORES"),
+                )
+                .await?;
+            if let Some((_, score)) = head.first() {
+                let at = *score as i64;
+                if at <= now {
+                    return Ok(());
+                }
+                wait = wait.min(Duration::from_millis((at - now) as u64));
             }
-            wait = wait.min(Duration::from_millis((at - now) as u64));
         }
         // Our own timer ends the wait at the due time; the listener's BLPOP ends it when a
         // wake-up token arrives.
-        let notified = self.inner.wake.notified();
+        let wake = self.wake_of(queues);
+        let notified = wake.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let waiter = self.inner.wake.register(&self.inner.conn);
+        let waiter = wake.register(&self.inner.conn);
         tokio::select! {
             _ = notified => waiter.failure().map_or(Ok(()), Err),
             _ = tokio::time::sleep(wait) => Ok(()),
         }
     }
 
+    /// The schedules a claim of `queues` reads: `due` (every queue), or `due:<queue>` of
+    /// each queue named.
+    fn due_keys(&self, queues: &[String]) -> Vec<String> {
+        if queues.is_empty() {
+            return vec![self.g("due")];
+        }
+        queues.iter().map(|q| self.g(&format!("due:{q}"))).collect()
+    }
+
+    /// The wake-up listener of workers that take `queues` (one per queue list).
+    fn wake_of(&self, queues: &[String]) -> Arc<Wake> {
+        if queues.is_empty() {
+            return self.inner.wake.clone();
+        }
+        let mut wakes = self
+            .inner
+            .queue_wakes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        wakes
+            .entry(queues.join(","))
+            .or_insert_with(|| {
+                let keys = queues
+                    .iter()
+                    .map(|q| self.g(&format!("wake:{q}")))
+                    .collect();
+                Arc::new(Wake::new(
+                    self.inner.block_source.clone(),
+                    keys,
+                    self.inner.connect_timeout,
+                ))
+            })
+            .clone()
+    }
+
+    /// Claims from the queues asked, in order (each queue's tenants taking turns), or from
+    /// every queue as one.
     pub(crate) async fn claim_runs(&self, req: ClaimRequest) -> Result<Vec<Claimed>, StoreError> {
         if req.limit == 0 {
             return Ok(Vec::new());
         }
         self.sweep_if_due(&req).await?;
+        if req.queues.is_empty() {
+            return self.claim_queue(&req, None, req.limit).await;
+        }
+        let mut claimed = Vec::new();
+        for queue in &req.queues {
+            let limit = req.limit - claimed.len();
+            if limit == 0 {
+                break;
+            }
+            match self.claim_queue(&req, Some(queue), limit).await {
+                Ok(got) => claimed.extend(got),
+                Err(e) if claimed.is_empty() => return Err(e),
+                Err(e) => {
+                    tracing::warn!(queue, error = %e, "claim failed for a queue");
+                    break;
+                }
+            }
+        }
+        Ok(claimed)
+    }
+
+    /// Up to `limit` runs of `queue` (`None`: every queue): the tenants due in its
+    /// schedule take turns.
+    async fn claim_queue(
+        &self,
+        req: &ClaimRequest,
+        queue: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Claimed>, StoreError> {
         let now = self.now();
+        let key = match queue {
+            Some(q) => self.g(&format!("due:{q}")),
+            None => self.g("due"),
+        };
         let mut due: Vec<String> = self
             .query(
                 redis::cmd("ZRANGEBYSCORE")
-                    .arg(self.g("due"))
+                    .arg(key)
                     .arg("-inf")
                     .arg(now)
                     .arg("LIMIT")
@@ -69,7 +148,8 @@ impl RedisStore {
         let start = self.inner.cursor.fetch_add(1, Ordering::Relaxed) % due.len();
         due.rotate_left(start);
         let mut candidates: VecDeque<String> = due.into();
-        let mut remaining = req.limit;
+        let mut remaining = limit;
+        let queues = queue.unwrap_or("");
         let mut claimed = Vec::new();
         let mut first_error = None;
         for _ in 0..CLAIM_ROUNDS_MAX {
@@ -84,7 +164,7 @@ impl RedisStore {
                 .collect();
             let visits = batch
                 .iter()
-                .map(|(t, quota)| self.claim_tenant(t, *quota, &req, false));
+                .map(|(t, quota)| self.claim_tenant(t, *quota, req, queues, false));
             let results = futures_util::future::join_all(visits).await;
             for ((tenant, quota), result) in batch.into_iter().zip(results) {
                 match result {
@@ -157,11 +237,14 @@ impl RedisStore {
         })
     }
 
+    /// One claim script on `tenant`: `queues` as the script takes them (comma-separated,
+    /// '' for every queue).
     pub(crate) async fn claim_tenant(
         &self,
         tenant: &str,
         limit: usize,
         req: &ClaimRequest,
+        queues: &str,
         force: bool,
     ) -> Result<Vec<Claimed>, StoreError> {
         // Expired leases: the first call answers which runs need a transition, the second
@@ -176,9 +259,9 @@ impl RedisStore {
                 .s(if force { "1" } else { "0" });
             let now = self.now();
             match &reaps {
-                None => args = args.s(""),
+                None => args = args.s("").s(queues),
                 Some(list) => {
-                    args = args.n(list.len());
+                    args = args.n(list.len()).s(queues);
                     for (id, token, t) in list {
                         args = transition::args(args.s(id).s(token), Some(t))?;
                     }
@@ -244,7 +327,7 @@ impl RedisStore {
             .query(redis::cmd("SMEMBERS").arg(self.g("tenants")))
             .await?;
         for chunk in tenants.chunks(64) {
-            let visits = chunk.iter().map(|t| self.claim_tenant(t, 0, req, true));
+            let visits = chunk.iter().map(|t| self.claim_tenant(t, 0, req, "", true));
             for r in futures_util::future::join_all(visits).await {
                 r?;
             }

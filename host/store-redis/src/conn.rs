@@ -98,6 +98,7 @@ pub(crate) fn timed_out(after: Duration) -> StoreError {
 }
 
 /// Where blocking connections come from.
+#[derive(Clone)]
 pub(crate) enum BlockSource {
     Single(redis::Client),
     Cluster(Box<ClusterClient>),
@@ -116,8 +117,9 @@ const LISTEN_BLOCK: Duration = Duration::from_secs(1);
 pub(crate) struct Wake {
     source: BlockSource,
     connect_timeout: Duration,
-    /// The wake list.
-    key: String,
+    /// The wake lists: `wake` (workers of every queue), or the `wake:<queue>` of the
+    /// queues a worker names.
+    keys: Vec<String>,
     state: Mutex<WakeState>,
     notify: tokio::sync::Notify,
 }
@@ -154,11 +156,11 @@ impl Waiter {
 }
 
 impl Wake {
-    pub(crate) fn new(source: BlockSource, key: String, connect_timeout: Duration) -> Self {
+    pub(crate) fn new(source: BlockSource, keys: Vec<String>, connect_timeout: Duration) -> Self {
         Wake {
             source,
             connect_timeout,
-            key,
+            keys,
             state: Mutex::new(WakeState::default()),
             notify: tokio::sync::Notify::new(),
         }
@@ -235,7 +237,7 @@ impl Wake {
                 },
             };
             let mut cmd = redis::cmd("BLPOP");
-            cmd.arg(&self.key)
+            cmd.arg(&self.keys)
                 .arg(format!("{:.3}", LISTEN_BLOCK.as_secs_f64()));
             let limit = LISTEN_BLOCK + Duration::from_secs(5);
             let popped = match tokio::time::timeout(
@@ -244,7 +246,7 @@ impl Wake {
             )
             .await
             {
-                Ok(Ok(popped)) => popped.is_some(),
+                Ok(Ok(popped)) => popped.map(|(key, _)| key),
                 // A connection kept from an earlier wait may have died meanwhile (a Redis
                 // restart): try a fresh one before reporting a failure.
                 Ok(Err(_)) if reused => continue,
@@ -254,7 +256,8 @@ impl Wake {
             enum Next {
                 Listen,
                 Stop,
-                HandBack,
+                /// A token popped from this list.
+                HandBack(String),
             }
             let next = {
                 let mut st = self.lock();
@@ -263,23 +266,26 @@ impl Wake {
                     Next::Listen
                 } else {
                     st.listening = false;
-                    if popped { Next::HandBack } else { Next::Stop }
+                    match popped.clone() {
+                        Some(key) => Next::HandBack(key),
+                        None => Next::Stop,
+                    }
                 }
             };
             match next {
                 Next::Listen => {
-                    if popped {
+                    if popped.is_some() {
                         self.notify.notify_waiters();
                     }
                     continue;
                 }
                 Next::Stop => return,
-                Next::HandBack => {
+                Next::HandBack(key) => {
                     // Nobody here waits any more: hand the token back for other processes.
                     let mut push = redis::pipe();
-                    push.cmd("LPUSH").arg(&self.key).arg("1").ignore();
+                    push.cmd("LPUSH").arg(&key).arg("1").ignore();
                     push.cmd("LTRIM")
-                        .arg(&self.key)
+                        .arg(&key)
                         .arg(0)
                         .arg(crate::scripts::WAKE_LIST_MAX - 1)
                         .ignore();

@@ -82,22 +82,26 @@
 //! | `N:component:<digest>` | string | component bytes, content-addressed, `SET NX` |
 //! | `G tenants` | set | every tenant that deployed a function (for purge and sweeps) |
 //! | `G components` | set | digests of deployed components (what `collect_components` may delete) |
-//! | `G due` | zset | tenant → its next due time (the global schedule) |
+//! | `G due` | zset | tenant → its next due time (the global schedule, of workers taking every queue) |
+//! | `G due:<queue>` | zset | tenant → the next due time of that queue (0 while its lane holds runs, else the tenant's next maintenance: a run becoming due, a lease expiring, a wait timing out, a throttle opening), read by workers that name queues |
 //! | `G seq` | hash | tenant → sequence number of the last applied `due` update (Cluster) |
 //! | `G wake` | list | wake-up tokens for `wait_for_work` (BLPOP), at most 64 |
-//! | `P meta` | hash | `next` (last published due time), `seq` (its sequence number) |
-//! | `P fn:<name>` | hash | name, digest, size_bytes, settings JSON, sv (its version: 16 hex of its SHA-1), max_attempts, events JSON, schedule JSON, created_at, updated_at |
+//! | `G wake:<queue>` | list | the same for workers naming the queue: one per run that entered its lane, one when its due time came earlier |
+//! | `P meta` | hash | `next` (last published due time), `next:<queue>` (each queue's), `seq` (their sequence number) |
+//! | `P fn:<name>` | hash | name, digest, size_bytes, settings JSON, sv (its version: 16 hex of its SHA-1), max_attempts, queue (absent: `default`), events JSON, schedule JSON, created_at, updated_at |
+//! | `P queues` | set | the tenant's queues besides `default` (named by deploys; it only grows) |
+//! | `P qload` | hash | `<queue>\|queued`, `<queue>\|running` → runs of a named queue (the default queue's are the rest of `st:queued`, `st:running`) |
 //! | `P fns` | set | function names |
 //! | `P sub:<event>` | set | functions started by the event |
 //! | `P sets` | hash | settings version → settings JSON: a run pins its function's settings by version, so each version is stored once (deleted by `collect_components` once no run or function has it) |
-//! | `P run:<id>` | hash | function, digest, sv (the settings version it pins; runs from before versions hold `settings` JSON instead), retry (override JSON), max_attempts (with manual-retry grants), status, input, output, error JSON, attempt, trigger, progress JSON, created_at, updated_at, due_at, finished_at, idempotency_key, parent, wait JSON, priority, keys JSON; bookkeeping: lease_token, lease_expires_at, worker, cancel_requested, resumed, nosteps (set at creation, cleared by the first step: a claim skips the step keys), wait_step, wait_event, wait_ver, wait_run, resolution (what waiters on it receive once it ended); flow: rank_offset, cgate + climit, tgate + tlimit + tperiod, dgate, parked (the gate it waits on); up (the hash is no longer packed: see `UNPACK_COST`). The id and tenant are the key's (runs written before also kept them here); attempt, lease_token, resumed, cancel_requested, rank_offset and priority are absent while `0` |
+//! | `P run:<id>` | hash | function, digest, sv (the settings version it pins; runs from before versions hold `settings` JSON instead), retry (override JSON), max_attempts (with manual-retry grants), status, input, output, error JSON, attempt, trigger, progress JSON, created_at, updated_at, due_at, finished_at, idempotency_key, parent, wait JSON, priority, keys JSON; bookkeeping: lease_token, lease_expires_at, worker, cancel_requested, resumed, nosteps (set at creation, cleared by the first step: a claim skips the step keys), wait_step, wait_event, wait_ver, wait_run, resolution (what waiters on it receive once it ended); flow: rank_offset, cgate + climit, tgate + tlimit + tperiod, dgate, parked (the gate it waits on); qu (its queue, absent for `default`); up (the hash is no longer packed: see `UNPACK_COST`). The id and tenant are the key's (runs written before also kept them here); attempt, lease_token, resumed, cancel_requested, rank_offset and priority are absent while `0` |
 //! | `P in:<id>` | string | the run's input when it is over 64 bytes (then the hash has none: it stays packed) |
 //! | `P att:<id>` | list | executions: `number\|started_at\|worker JSON`, then `\n finished_at\|fuel\|suspended_until\|error JSON` once ended |
 //! | `P steps:<id>` | hash | `occurrence:name` → step output (first write wins) |
 //! | `P stepseq:<id>` | list | `attempt\|completed_at\|occurrence:name`, in completion order |
 //! | `P logs:<id>` | list | log lines (JSON) |
 //! | `P ready` | zset | queued and sleeping runs not yet due, by due time |
-//! | `P q` | zset | the lane: due queued and sleeping runs by rank (ties: id, i.e. creation order) |
+//! | `P q`, `P q:<queue>` | zset | the lanes of the default queue and of each named one: due queued and sleeping runs by rank (ties: id, i.e. creation order) |
 //! | `P park:<gate>` | zset | due runs a gate holds back, by rank |
 //! | `P crun:<gate>` | set | running runs of a concurrency key |
 //! | `P win:<gate>` | list | a throttle's last starts / a rate limit's last accepted runs (times, newest first, at most the limit) |
@@ -196,6 +200,10 @@ struct Inner {
     global: String,
     op_timeout: Duration,
     wake: Arc<Wake>,
+    /// The listeners of workers that name queues, by their queues (comma-separated).
+    queue_wakes: std::sync::Mutex<std::collections::HashMap<String, Arc<Wake>>>,
+    block_source: conn::BlockSource,
+    connect_timeout: Duration,
     /// Rotates the tenant a claim starts with.
     cursor: AtomicUsize,
     /// Cluster: when every tenant's hint was last republished.
@@ -430,7 +438,11 @@ impl RedisStore {
         };
         let ns = opts.namespace.clone();
         let global = format!("{ns}:g:{{{ns}}}:");
-        let wake = Wake::new(source, format!("{global}wake"), opts.connect_timeout);
+        let wake = Wake::new(
+            source.clone(),
+            vec![format!("{global}wake")],
+            opts.connect_timeout,
+        );
         let store = RedisStore {
             inner: Arc::new(Inner {
                 conn,
@@ -440,6 +452,9 @@ impl RedisStore {
                 ns,
                 op_timeout: opts.op_timeout,
                 wake: Arc::new(wake),
+                queue_wakes: std::sync::Mutex::new(std::collections::HashMap::new()),
+                block_source: source,
+                connect_timeout: opts.connect_timeout,
                 cursor: AtomicUsize::new(0),
                 last_sweep: std::sync::Mutex::new(None),
                 last_collect: std::sync::Mutex::new(None),
@@ -574,6 +589,13 @@ impl RedisStore {
                 .arg(seq)
                 .arg(due)
                 .arg(wake);
+            // Each queue's (name, next due, runs added to its lane).
+            for v in p {
+                match v {
+                    Value::Int(n) => inv.arg(n),
+                    other => inv.arg(string(other)?),
+                };
+            }
             let mut c = self.inner.conn.clone();
             self.timed(inv.invoke_async::<Value>(&mut c))
                 .await
@@ -729,8 +751,8 @@ impl Queue for RedisStore {
             .collect()
     }
 
-    async fn wait_for_work(&self, max: Duration) -> Result<(), StoreError> {
-        self.wait_for_due(max).await
+    async fn wait_for_work(&self, max: Duration, queues: &[String]) -> Result<(), StoreError> {
+        self.wait_for_due(max, queues).await
     }
 
     fn announces_work(&self) -> bool {
@@ -785,6 +807,10 @@ impl Runs for RedisStore {
         self.list_runs(q).await
     }
 
+    async fn queue_depths(&self, tenant: &str) -> Result<Vec<QueueDepth>, StoreError> {
+        self.read_queue_depths(tenant).await
+    }
+
     async fn logs(
         &self,
         tenant: &str,
@@ -824,7 +850,8 @@ impl RedisStore {
             worker: "republish".into(),
             limit: 0,
             lease_ms: 0,
+            queues: Vec::new(),
         };
-        self.claim_tenant(tenant, 0, &req, true).await.map(drop)
+        self.claim_tenant(tenant, 0, &req, "", true).await.map(drop)
     }
 }

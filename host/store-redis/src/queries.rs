@@ -235,3 +235,59 @@ impl RedisStore {
         Ok(purged)
     }
 }
+
+impl RedisStore {
+    /// [`Runs::queue_depths`]: named queues from their counters (`qload`), the default
+    /// queue as the rest of the status indexes.
+    pub(crate) async fn read_queue_depths(
+        &self,
+        tenant: &str,
+    ) -> Result<Vec<QueueDepth>, StoreError> {
+        let p = self.tenant_prefix(tenant);
+        let load: Vec<(String, i64)> = self
+            .query(redis::cmd("HGETALL").arg(format!("{p}qload")))
+            .await?;
+        let queued: u64 = self
+            .query(redis::cmd("ZCARD").arg(format!("{p}st:queued")))
+            .await?;
+        let running: u64 = self
+            .query(redis::cmd("ZCARD").arg(format!("{p}st:running")))
+            .await?;
+        let mut by_queue: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+        let (mut named_queued, mut named_running) = (0u64, 0u64);
+        for (field, n) in load {
+            let Some((queue, status)) = field.rsplit_once('|') else {
+                continue;
+            };
+            let n = n.max(0) as u64;
+            let slot = by_queue.entry(queue.to_owned()).or_default();
+            match status {
+                "queued" => {
+                    slot.0 += n;
+                    named_queued += n;
+                }
+                "running" => {
+                    slot.1 += n;
+                    named_running += n;
+                }
+                _ => {}
+            }
+        }
+        by_queue.insert(
+            wasq_core::queues::DEFAULT_QUEUE.to_owned(),
+            (
+                queued.saturating_sub(named_queued),
+                running.saturating_sub(named_running),
+            ),
+        );
+        Ok(by_queue
+            .into_iter()
+            .filter(|(_, (q, r))| q + r > 0)
+            .map(|(queue, (queued, running))| QueueDepth {
+                queue,
+                queued,
+                running,
+            })
+            .collect())
+    }
+}

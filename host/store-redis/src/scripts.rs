@@ -199,9 +199,10 @@ impl Library {
 
 pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
     let mut code = format!(
-        "{}\n{}\n{}\n",
+        "{}\n{}\n{}\n{}\n",
         include_str!("lua/apply_hint.lua"),
         include_str!("lua/prelude.lua"),
+        include_str!("lua/publish.lua"),
         include_str!("lua/admission.lua")
     );
     for s in TENANT_SCRIPTS {

@@ -73,6 +73,7 @@ async fn tenants_spread_over_masters_and_all_runs_complete() {
                 worker: "w".into(),
                 limit: 7,
                 lease_ms: 30_000,
+                queues: Vec::new(),
             })
             .await
             .expect("claim");

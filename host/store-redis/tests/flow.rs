@@ -88,12 +88,13 @@ async fn limits_hold(url: &str) {
                         worker: format!("w{w}"),
                         limit: 3,
                         lease_ms: 10_000,
+                        queues: Vec::new(),
                     })
                     .await
                     .expect("claim");
                 if claimed.is_empty() {
                     store
-                        .wait_for_work(Duration::from_millis(200))
+                        .wait_for_work(Duration::from_millis(200), &[])
                         .await
                         .expect("wait");
                     continue;

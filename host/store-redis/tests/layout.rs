@@ -71,6 +71,7 @@ async fn claim(store: &RedisStore) -> Vec<Claimed> {
             worker: "w".into(),
             limit: 10,
             lease_ms: 30_000,
+            queues: Vec::new(),
         })
         .await
         .expect("claim");

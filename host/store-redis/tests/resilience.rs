@@ -57,6 +57,7 @@ fn claim_req(limit: usize) -> ClaimRequest {
         worker: "w".into(),
         limit,
         lease_ms: 30_000,
+        queues: Vec::new(),
     }
 }
 
@@ -94,7 +95,7 @@ async fn a_dead_redis_is_unavailable_quickly_and_the_store_recovers() {
         let err = store.claim(claim_req(1)).await.unwrap_err();
         assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
         let err = store
-            .wait_for_work(Duration::from_secs(5))
+            .wait_for_work(Duration::from_secs(5), &[])
             .await
             .unwrap_err();
         assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
@@ -167,7 +168,7 @@ async fn wake_ups(url: &str) {
     // Nothing to do: waits the full time.
     let t = Instant::now();
     store
-        .wait_for_work(Duration::from_millis(300))
+        .wait_for_work(Duration::from_millis(300), &[])
         .await
         .unwrap();
     assert!(
@@ -181,7 +182,10 @@ async fn wake_ups(url: &str) {
         let store = store.clone();
         tokio::spawn(async move {
             let t = Instant::now();
-            store.wait_for_work(Duration::from_secs(10)).await.unwrap();
+            store
+                .wait_for_work(Duration::from_secs(10), &[])
+                .await
+                .unwrap();
             t.elapsed()
         })
     };
@@ -212,7 +216,10 @@ async fn wake_ups(url: &str) {
     loop {
         waits += 1;
         assert!(waits <= 4, "too many wake-ups");
-        store.wait_for_work(Duration::from_secs(10)).await.unwrap();
+        store
+            .wait_for_work(Duration::from_secs(10), &[])
+            .await
+            .unwrap();
         if !store.claim(claim_req(1)).await.unwrap().is_empty() {
             break;
         }
@@ -319,7 +326,7 @@ async fn abandoned_waits_share_one_connection_and_lose_no_token() {
         .unwrap();
     // Like a worker whose in-process wake-up wins the race against the store's wait.
     for _ in 0..50 {
-        let wait = store.wait_for_work(Duration::from_secs(5));
+        let wait = store.wait_for_work(Duration::from_secs(5), &[]);
         assert!(
             tokio::time::timeout(Duration::from_millis(5), wait)
                 .await
@@ -343,7 +350,10 @@ async fn abandoned_waits_share_one_connection_and_lose_no_token() {
     assert_eq!(server.cli(&["LLEN", "wasq:g:{wasq}:wake"]).trim(), "1");
     // And the next wait takes it at once.
     let t = Instant::now();
-    store.wait_for_work(Duration::from_secs(5)).await.unwrap();
+    store
+        .wait_for_work(Duration::from_secs(5), &[])
+        .await
+        .unwrap();
     assert!(
         t.elapsed() < Duration::from_millis(500),
         "{:?}",

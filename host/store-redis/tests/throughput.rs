@@ -66,6 +66,7 @@ async fn measure(url: &str, label: &str) {
                         worker: format!("w{k}"),
                         limit: 10,
                         lease_ms: 30_000,
+                        queues: Vec::new(),
                     })
                     .await
                     .unwrap();

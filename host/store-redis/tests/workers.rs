@@ -63,12 +63,13 @@ async fn many_workers(url: &str) {
                         worker: format!("w{w}"),
                         limit: 8,
                         lease_ms: 10_000,
+                        queues: Vec::new(),
                     })
                     .await
                     .expect("claim");
                 if claimed.is_empty() {
                     store
-                        .wait_for_work(Duration::from_millis(500))
+                        .wait_for_work(Duration::from_millis(500), &[])
                         .await
                         .expect("wait");
                     continue;

@@ -180,6 +180,7 @@ impl NewRun<'_> {
             (Some(&g.id), Some(g.limit), Some(g.period_ms as i64))
         });
         let promoted = skipped.is_none() && due <= now;
+        let queue = self.settings.queue.as_str();
         let settings = to_json(self.settings)?;
         // Everything the row keeps whole (the idempotency key twice: the row and its
         // unique index); the rest is the per-run overhead.
@@ -195,9 +196,9 @@ impl NewRun<'_> {
             "INSERT INTO runs (id, tenant, function, digest, settings, status, input, trigger,
                  created_at, updated_at, due_at, idempotency_key, parent, error, finished_at,
                  priority, rank_offset, rank, promoted, cgate, climit, tgate, tlimit, tperiod,
-                 dgate, flow_keys, stored_bytes)
+                 dgate, flow_keys, stored_bytes, queue)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13, ?14,
-                 ?15, ?16, ?10 + ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)",
+                 ?15, ?16, ?10 + ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26)",
             params![
                 self.id,
                 req.tenant,
@@ -224,6 +225,7 @@ impl NewRun<'_> {
                 plan.debounce.as_ref().map(|g| &g.id),
                 keys,
                 cost as i64,
+                queue,
             ],
         )
         .map_err(internal)?;

@@ -47,6 +47,14 @@ pub(crate) fn reap_expired(tx: &Connection, now: i64) -> Result<(), StoreError> 
     Ok(())
 }
 
+/// Which lane one round robin of a claim takes from, and how many runs at most.
+#[derive(Clone, Copy)]
+pub(crate) struct Lane<'a> {
+    /// `None`: every queue, as one.
+    pub(crate) queue: Option<&'a str>,
+    pub(crate) limit: usize,
+}
+
 /// A tenant taking turns in a claim.
 pub(crate) struct Turn {
     tenant: String,
@@ -82,8 +90,10 @@ pub(crate) fn claim_round_robin(
     tx: &Connection,
     now: i64,
     req: &ClaimRequest,
+    lane: Lane<'_>,
     after: &str,
 ) -> Result<(Vec<Claimed>, Option<String>), StoreError> {
+    let Lane { queue, limit } = lane;
     let expires_at = now + req.lease_ms as i64;
     let mut claimed = Vec::new();
     let mut last = None;
@@ -94,7 +104,7 @@ pub(crate) fn claim_round_robin(
                     parks: &mut usize,
                     claimed: &mut Vec<Claimed>|
      -> Result<Option<Turn>, StoreError> {
-        let Some(head) = next_startable(tx, &turn.tenant, now, parks)? else {
+        let Some(head) = next_startable(tx, &turn.tenant, queue, now, parks)? else {
             return Ok(None);
         };
         claimed.push(lease_run(tx, head, &req.worker, now, expires_at)?);
@@ -103,21 +113,26 @@ pub(crate) fn claim_round_robin(
         Ok((turn.room > 0).then_some(turn))
     };
     {
-        // Skip-scan of the lane index: one seek per tenant.
+        // Skip-scan of the lane index (of the queue's lane index): one seek per tenant.
         let mut next = tx
-            .prepare_cached(
+            .prepare_cached(if queue.is_some() {
                 "SELECT tenant FROM runs
                  WHERE status IN ('queued', 'sleeping') AND promoted = 1 AND parked IS NULL
-                     AND tenant > ?1
-                 ORDER BY tenant LIMIT 1",
-            )
+                     AND tenant > ?1 AND queue = ?2
+                 ORDER BY tenant LIMIT 1"
+            } else {
+                "SELECT tenant FROM runs
+                 WHERE status IN ('queued', 'sleeping') AND promoted = 1 AND parked IS NULL
+                     AND tenant > ?1 AND ?2 IS NULL
+                 ORDER BY tenant LIMIT 1"
+            })
             .map_err(internal)?;
         let mut from = after.to_owned();
         let mut wrapped = after.is_empty();
         let mut visited = 0;
-        while claimed.len() < req.limit && visited < LANE_TENANTS_MAX {
+        while claimed.len() < limit && visited < LANE_TENANTS_MAX {
             let found = next
-                .query_row([&from], |r| r.get::<_, String>(0))
+                .query_row(params![&from, queue], |r| r.get::<_, String>(0))
                 .optional()
                 .map_err(internal)?;
             let tenant = match found {
@@ -141,7 +156,7 @@ pub(crate) fn claim_round_robin(
             }
         }
     }
-    while claimed.len() < req.limit {
+    while claimed.len() < limit {
         let Some(turn) = again.pop_front() else {
             break;
         };
@@ -160,12 +175,14 @@ pub(crate) struct Startable {
     attempt: u32,
 }
 
-/// The tenant's best-ranked run in its lane that its gates let start now. Runs whose
+/// The tenant's best-ranked run in its lane (of `queue`, when given) that its gates let
+/// start now. Runs whose
 /// concurrency key is full or whose throttle window is full (first starts only) are
 /// parked on that gate on the way; `None` when none is left or `parks` ran out.
 pub(crate) fn next_startable(
     tx: &Connection,
     tenant: &str,
+    queue: Option<&str>,
     now: i64,
     parks: &mut usize,
 ) -> Result<Option<Startable>, StoreError> {
@@ -184,14 +201,19 @@ pub(crate) fn next_startable(
             Option<u32>,
             Option<i64>,
         )> = tx
-            .prepare_cached(
+            .prepare_cached(if queue.is_some() {
+                "SELECT id, status, attempt, cgate, climit, tgate, tlimit, tperiod FROM runs
+                 WHERE queue = ?2 AND tenant = ?1 AND status IN ('queued', 'sleeping')
+                     AND promoted = 1 AND parked IS NULL
+                 ORDER BY rank, id LIMIT 1"
+            } else {
                 "SELECT id, status, attempt, cgate, climit, tgate, tlimit, tperiod FROM runs
                  WHERE tenant = ?1 AND status IN ('queued', 'sleeping') AND promoted = 1
-                     AND parked IS NULL
-                 ORDER BY rank, id LIMIT 1",
-            )
+                     AND parked IS NULL AND ?2 IS NULL
+                 ORDER BY rank, id LIMIT 1"
+            })
             .map_err(internal)?
-            .query_row([tenant], |r| {
+            .query_row(params![tenant, queue], |r| {
                 Ok((
                     r.get(0)?,
                     r.get(1)?,
@@ -419,6 +441,26 @@ mod tests {
                      AND parked IS NULL
                  ORDER BY rank, id LIMIT 1",
                 "runs_lane",
+            ),
+            (
+                "SELECT tenant FROM runs
+                 WHERE status IN ('queued', 'sleeping') AND promoted = 1 AND parked IS NULL
+                     AND tenant > ?1 AND queue = ?2
+                 ORDER BY tenant LIMIT 1",
+                "runs_queue_lane",
+            ),
+            (
+                "SELECT id, status, attempt, cgate, climit, tgate, tlimit, tperiod FROM runs
+                 WHERE queue = ?2 AND tenant = ?1 AND status IN ('queued', 'sleeping')
+                     AND promoted = 1 AND parked IS NULL
+                 ORDER BY rank, id LIMIT 1",
+                "runs_queue_lane",
+            ),
+            (
+                "SELECT queue, SUM(status = 'queued'), SUM(status = 'running') FROM runs
+                 WHERE tenant = ?1 AND status IN ('queued', 'running')
+                 GROUP BY queue ORDER BY queue",
+                "runs_queue_load",
             ),
             (
                 "SELECT COUNT(*) FROM runs WHERE tenant = ?1 AND cgate = ?2 AND status = 'running'",

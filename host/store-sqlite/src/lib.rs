@@ -253,7 +253,29 @@ impl Queue for SqliteStore {
                     [now],
                 )
                 .map_err(internal)?;
-                claim_round_robin(tx, now, &req, &after)
+                // Queues in the order asked (none named: every queue, as one).
+                if req.queues.is_empty() {
+                    let lane = Lane {
+                        queue: None,
+                        limit: req.limit,
+                    };
+                    return claim_round_robin(tx, now, &req, lane, &after);
+                }
+                let (mut claimed, mut last) = (Vec::new(), None);
+                for queue in &req.queues {
+                    let limit = req.limit - claimed.len();
+                    if limit == 0 {
+                        break;
+                    }
+                    let lane = Lane {
+                        queue: Some(queue),
+                        limit,
+                    };
+                    let (got, served) = claim_round_robin(tx, now, &req, lane, &after)?;
+                    claimed.extend(got);
+                    last = served.or(last);
+                }
+                Ok((claimed, last))
             })
             .await?;
         if let Some(last) = last {
@@ -323,7 +345,11 @@ impl Queue for SqliteStore {
     /// run, a sleep, a wait's timeout, a throttle reopening), or `max`: an idle worker
     /// starts a delayed run on time, not at its next poll. Only one process uses this
     /// store, and runs created in it wake its worker directly.
-    async fn wait_for_work(&self, max: std::time::Duration) -> Result<(), StoreError> {
+    async fn wait_for_work(
+        &self,
+        max: std::time::Duration,
+        _queues: &[String],
+    ) -> Result<(), StoreError> {
         let ahead = self
             .tx(|tx, now| {
                 tx.row(
@@ -485,6 +511,30 @@ impl Runs for SqliteStore {
                     params![q.tenant, q.function, q.status.map(|s| s.as_str()), q.limit as i64, q.parent],
                     run_from_row,
                 )
+                .map_err(internal)?;
+            rows.collect::<Result<_, _>>().map_err(internal)
+        })
+        .await
+    }
+
+    async fn queue_depths(&self, tenant: &str) -> Result<Vec<QueueDepth>, StoreError> {
+        let tenant = tenant.to_owned();
+        self.tx(move |tx, _| {
+            let mut stmt = tx
+                .prepare_cached(
+                    "SELECT queue, SUM(status = 'queued'), SUM(status = 'running') FROM runs
+                     WHERE tenant = ?1 AND status IN ('queued', 'running')
+                     GROUP BY queue ORDER BY queue",
+                )
+                .map_err(internal)?;
+            let rows = stmt
+                .query_map([&tenant], |r| {
+                    Ok(QueueDepth {
+                        queue: r.get(0)?,
+                        queued: r.get::<_, i64>(1)? as u64,
+                        running: r.get::<_, i64>(2)? as u64,
+                    })
+                })
                 .map_err(internal)?;
             rows.collect::<Result<_, _>>().map_err(internal)
         })

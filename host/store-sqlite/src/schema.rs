@@ -128,6 +128,8 @@ pub(crate) const FLOW_COLUMNS: &[(&str, &str)] = &[
     ("tperiod", "INTEGER"),
     ("dgate", "TEXT"),
     ("flow_keys", "TEXT"),
+    // the run's queue (its pinned settings' `queue`), for claims that name queues
+    ("queue", "TEXT NOT NULL DEFAULT 'default'"),
 ];
 
 /// Storage accounting (see `storage.rs`), added to `runs` on old files too; a file that
@@ -169,6 +171,11 @@ CREATE INDEX IF NOT EXISTS runs_due ON runs (due_at)
     WHERE status IN ('queued', 'sleeping') AND promoted = 0;
 CREATE INDEX IF NOT EXISTS runs_lane ON runs (tenant, rank, id)
     WHERE status IN ('queued', 'sleeping') AND promoted = 1 AND parked IS NULL;
+-- The lanes of claims that name queues, and each queue's load (`queue_depths`).
+CREATE INDEX IF NOT EXISTS runs_queue_lane ON runs (queue, tenant, rank, id)
+    WHERE status IN ('queued', 'sleeping') AND promoted = 1 AND parked IS NULL;
+CREATE INDEX IF NOT EXISTS runs_queue_load ON runs (tenant, queue, status)
+    WHERE status IN ('queued', 'running');
 CREATE INDEX IF NOT EXISTS runs_parked ON runs (tenant, parked, rank, id) WHERE parked IS NOT NULL;
 CREATE INDEX IF NOT EXISTS runs_gate_running ON runs (tenant, cgate)
     WHERE status = 'running' AND cgate IS NOT NULL;

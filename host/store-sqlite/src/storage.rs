@@ -350,6 +350,7 @@ mod tests {
                 worker: "wörker".into(),
                 limit: 1,
                 lease_ms: 30_000,
+                queues: Vec::new(),
             })
             .await
             .unwrap();

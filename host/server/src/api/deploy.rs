@@ -52,6 +52,9 @@ pub struct DeployParams {
     /// The function a run of this one starts when it ends failed or cancelled (empty:
     /// none).
     pub on_failure: Option<String>,
+    /// The queue its runs wait in (default `default`): workers started with `--queues`
+    /// take only the queues they name.
+    pub queue: Option<String>,
     /// Start from the defaults, not from the function's current settings, events and
     /// schedule.
     pub reset_settings: Option<bool>,
@@ -142,6 +145,15 @@ impl DeployParams {
                         ApiError::bad_request("bad_settings", format!("on_failure: {m}"))
                     })?;
                     Some(name.to_owned())
+                }
+            },
+            queue: match self.queue.as_deref() {
+                None => d.queue,
+                Some(q) => {
+                    wasq_core::queues::check_queue_name(q).map_err(|m| {
+                        ApiError::bad_request("bad_settings", format!("queue: {m}"))
+                    })?;
+                    q.to_owned()
                 }
             },
         };

@@ -211,3 +211,23 @@ pub(super) async fn get_logs(
     lines.truncate(keep.max(1));
     Ok(Json(lines))
 }
+
+/// `GET /v1/queues`: runs waiting to start and running per queue, for every queue a
+/// function of the tenant names or a run waits in, by name.
+pub(crate) async fn list_queues(
+    State(app): State<Arc<App>>,
+    scope: TenantScope,
+) -> Result<Json<Vec<QueueDepth>>, ApiError> {
+    let mut depths = app.store.queue_depths(&scope.tenant).await?;
+    for f in app.store.functions(&scope.tenant).await? {
+        if !depths.iter().any(|d| d.queue == f.settings.queue) {
+            depths.push(QueueDepth {
+                queue: f.settings.queue,
+                queued: 0,
+                running: 0,
+            });
+        }
+    }
+    depths.sort_by(|a, b| a.queue.cmp(&b.queue));
+    Ok(Json(depths))
+}

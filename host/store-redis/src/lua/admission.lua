@@ -47,7 +47,7 @@ end
 -- { status, due_at, digest, max_attempts, sbytes }.
 local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max, parent, sv, fl)
   local fk = P .. 'fn:' .. fname
-  local f = redis.call('HMGET', fk, 'digest', 'sv', 'max_attempts')
+  local f = redis.call('HMGET', fk, 'digest', 'sv', 'max_attempts', 'queue')
   if not f[1] then return nil, false, 'not_found', 0 end
   if not f[2] then f[2] = settings_version(fk) end
   if f[2] ~= sv then return nil, false, 'stale', 0 end
@@ -91,6 +91,8 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
       cost, unpacked = cost + UNPACK, true
     end
   end
+  -- A run of a named queue keeps the name (`qu`, at most 64 bytes: packed).
+  if f[4] then cost = cost + mem(#f[4]) end
   local full = run_full(id, 0, cost)
   if full then return nil, false, full, 0 end
   if idem ~= '' then redis.call('HSET', ik, idem, NOWS .. ':' .. id) end
@@ -142,6 +144,13 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
     add('finished_at', NOWS)
     add('resolution', fl.rres)
   end
+  -- The queue of the function's settings (deploy.lua keeps it beside them; absent: the
+  -- default queue), pinned like them.
+  local queue = f[4] or nil
+  if queue then
+    add('qu', queue)
+    queue_load(queue, status, 1)
+  end
   if unpacked then add('up', '1') end
   if parent ~= '' then redis.call('ZADD', P .. 'kids:' .. parent, NOW, id) end
   redis.call('HSET', runkey(id), unpack(fields))
@@ -155,7 +164,7 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
     redis.call('ZADD', KENDOK, NOW, id)
   else
     if tonumber(due) <= NOW then
-      redis.call('ZADD', KQ, I(tonumber(due) + tonumber(fl.offset)), id)
+      lane_add(queue, I(tonumber(due) + tonumber(fl.offset)), id)
     else
       redis.call('ZADD', KREADY, due, id)
     end

@@ -10,7 +10,8 @@ local wake = 0
 -- good, cancelled) is wasq_core::lifecycle::lease_expired's to say: without transitions
 -- (ARGV[10] = '') the script only answers which runs need one; with them (ARGV[10] = n,
 -- then n × (id, lease token, T_ARGS transition)) it applies each to a run still under
--- that lease, and leaves runs that expired in between to the next claim.
+-- that lease, and leaves runs that expired in between to the next claim. ARGV[11]: the
+-- queues to take from, comma-separated, in order ('': every queue, as one).
 local expired = redis.call('ZRANGEBYSCORE', KLEASES, '-inf', NOW, 'LIMIT', 0, @REAP_BATCH@)
 if ARGV[10] == '' then
   local need = {}
@@ -26,7 +27,7 @@ end
 local given = {}
 if ARGV[10] ~= '' then
   for j = 0, tonumber(ARGV[10]) - 1 do
-    local o = 11 + j * (2 + T_ARGS)
+    local o = 12 + j * (2 + T_ARGS)
     given[ARGV[o]] = { ARGV[o + 1], o + 2 }
   end
 end
@@ -77,10 +78,11 @@ for _, gate in ipairs(redis.call('ZRANGEBYSCORE', KGTIMER, '-inf', NOW, 'LIMIT',
   end
 end
 -- Due runs enter the lane, ranked by due time + priority offset.
+-- (Workers of another queue learn of them from the due times published after.)
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', KREADY, '-inf', NOW, 'LIMIT', 0, @PROMOTE_BATCH@)) do
-  local h = redis.call('HMGET', runkey(id), 'due_at', 'rank_offset')
+  local h = redis.call('HMGET', runkey(id), 'due_at', 'rank_offset', 'qu')
   redis.call('ZREM', KREADY, id)
-  redis.call('ZADD', KQ, I(tonumber(h[1]) + tonumber(h[2] or '0')), id)
+  redis.call('ZADD', lane(h[3] or nil), I(tonumber(h[1]) + tonumber(h[2] or '0')), id)
 end
 local room = LIMIT
 local maxr = quota('max_running')
@@ -88,16 +90,53 @@ if maxr then room = math.min(room, maxr - redis.call('ZCARD', KLEASES)) end
 local out = {}
 local parks = @PARK_BUDGET@
 local ATT_COST, claimed_bytes = C_ATT + #WORKER_JSON, 0
--- The lane's best runs, fetched a batch at a time: the loop only takes runs out of the
--- lane (leased, parked or stale), so the next batch starts at the lane's head again.
-local head, hi = {}, 1
-while #out < room and parks > 0 do
-  if hi > #head then
-    head, hi = redis.call('ZRANGE', KQ, 0, math.min(room - #out, 100) - 1, 'WITHSCORES'), 1
+-- The lanes to take from, in order: the queues named (the default one's is `q`), or
+-- every lane as one (`merged`): then each run is the best head among them.
+local lanes, merged = {}, false
+if ARGV[11] == '' then
+  lanes[1] = KQ
+  for _, q in ipairs(other_queues()) do lanes[#lanes + 1] = lane(q) end
+  merged = #lanes > 1
+else
+  for q in string.gmatch(ARGV[11], '[^,]+') do
+    if q == 'default' then lanes[#lanes + 1] = KQ else lanes[#lanes + 1] = lane(q) end
   end
-  local id, score = head[hi], head[hi + 1]
+end
+-- A lane's best runs, fetched a batch at a time: the loop only takes runs out of the
+-- lane (leased, parked or stale), so the next batch starts at the lane's head again.
+-- Merged lanes are read one head each per run.
+local head, hi, li = {}, 1, 1
+local function next_head()
+  if merged then
+    local best, bscore, bkey = nil, nil, nil
+    for _, k in ipairs(lanes) do
+      local h = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
+      if h[1] then
+        local sc = tonumber(h[2])
+        if not best or sc < bscore or (sc == bscore and h[1] < best) then
+          best, bscore, bkey = h[1], sc, k
+        end
+      end
+    end
+    if best then return best, I(bscore), bkey end
+    return nil
+  end
+  while li <= #lanes do
+    if hi > #head then
+      head, hi = redis.call('ZRANGE', lanes[li], 0, math.min(room - #out, 100) - 1, 'WITHSCORES'), 1
+    end
+    if head[hi] then
+      local id, score = head[hi], head[hi + 1]
+      hi = hi + 2
+      return id, score, lanes[li]
+    end
+    li, head, hi = li + 1, {}, 1
+  end
+  return nil
+end
+while #out < room and parks > 0 do
+  local id, score, from = next_head()
   if not id then break end
-  hi = hi + 2
   local r = run_hash(id)
   local status, cgate, attempt, climit = r.status, r.cgate, r.attempt or '0', r.climit
   local tgate, tlimit, tperiod = r.tgate, r.tlimit, r.tperiod
@@ -106,12 +145,12 @@ while #out < room and parks > 0 do
     if attempt == '0' then throttled = THROTTLES[status][1] else throttled = THROTTLES[status][2] end
   end
   if status ~= 'queued' and status ~= 'sleeping' then
-    redis.call('ZREM', KQ, id)
+    redis.call('ZREM', from, id)
   elseif cgate and redis.call('SCARD', P .. 'crun:' .. cgate) >= tonumber(climit) then
-    park(id, cgate, score)
+    park(id, cgate, score, r.qu)
     parks = parks - 1
   elseif throttled and window_full(tgate, tonumber(tlimit), tonumber(tperiod)) then
-    park(id, tgate, score)
+    park(id, tgate, score, r.qu)
     redis.call('HSET', KTCFG, tgate, tlimit .. '|' .. tperiod)
     redis.call('ZADD', KGTIMER, 'LT',
       I(window_full(tgate, tonumber(tlimit), tonumber(tperiod))), tgate)
@@ -130,7 +169,7 @@ while #out < room and parks > 0 do
     move(id, 'running', { 'attempt', lease.attempt, 'resumed', resumed,
       'lease_expires_at', lease.lease_expires_at, 'worker', WORKER,
       'lease_token', lease.lease_token, 'sbytes', lease.sbytes },
-      { status, r.created_at, r.wait_event, r.wait_run, cgate, r.parked })
+      { status, r.created_at, r.wait_event, r.wait_run, cgate, r.parked, r.qu })
     redis.call('RPUSH', P .. 'att:' .. id, I(n) .. '|' .. NOWS .. '|' .. WORKER_JSON)
     claimed_bytes = claimed_bytes + ATT_COST
     -- The run as the move left it: what it read, with what the move wrote (`move` sets
@@ -144,7 +183,11 @@ while #out < room and parks > 0 do
 end
 charge(nil, claimed_bytes)
 -- Wake other workers only for what this claim left behind.
-if wake > 0 then wake = math.min(wake, redis.call('ZCARD', KQ)) end
+if wake > 0 then
+  local left = redis.call('ZCARD', KQ)
+  for _, q in ipairs(other_queues()) do left = left + redis.call('ZCARD', lane(q)) end
+  wake = math.min(wake, left)
+end
 -- A visit that found nothing republishes anyway, repairing a stale global hint.
 local pub = publish(wake, ARGV[9] == '1' or #out == 0)
 return { 'ok', pub or false, out }

@@ -23,6 +23,14 @@ local created = redis.call('HGET', fk, 'created_at') or NOWS
 redis.call('HSET', fk, 'name', name, 'digest', ARGV[6], 'size_bytes', ARGV[7],
   'settings', ARGV[8], 'sv', sv, 'max_attempts', ARGV[9], 'events', ARGV[10],
   'created_at', created, 'updated_at', NOWS)
+-- Its queue, read by every enqueue (the default one is left out).
+local queue = cjson.decode(ARGV[8]).queue
+if queue and queue ~= 'default' then
+  redis.call('HSET', fk, 'queue', queue)
+  redis.call('SADD', KQUEUES, queue)
+else
+  redis.call('HDEL', fk, 'queue')
+end
 if ARGV[11] ~= '' then
   redis.call('HSET', fk, 'schedule', ARGV[11])
 else

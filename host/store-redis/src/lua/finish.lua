@@ -77,20 +77,20 @@ local function finish(e)
   -- flags that pick the transition, then the blobs the transition sets or drops (their
   -- lengths spare `apply` an HSTRLEN each; they are nearly always absent).
   local m = redis.call('HMGET', rk, 'status', 'created_at', 'wait_event', 'wait_run', 'cgate',
-    'parked', 'lease_token', 'resumed', 'cancel_requested', 'error', 'output', 'resolution',
-    'nosteps', 'attempt')
+    'parked', 'qu', 'lease_token', 'resumed', 'cancel_requested', 'error', 'output',
+    'resolution', 'nosteps', 'attempt')
   if not m[1] then return { 'not_found' } end
-  if m[1] ~= 'running' or m[7] ~= e.token then return { 'lease_lost' } end
+  if m[1] ~= 'running' or m[8] ~= e.token then return { 'lease_lost' } end
   local t = read_transition(e.t)
-  if m[9] == '1' and e.cancel then
+  if m[10] == '1' and e.cancel then
     t = read_transition(e.cancel)
-  elseif m[8] == '1' and e.resumed then
+  elseif m[9] == '1' and e.resumed then
     t = read_transition(e.resumed)
   end
   -- Steps and an output over a storage quota are refused before anything changes; the
   -- worker then fails the run (an error is always stored). An output is kept twice, as
   -- the run's output and in the resolution its waiters receive.
-  local n = adding(e, t, m[13] == '1')
+  local n = adding(e, t, m[14] == '1')
   if n then
     local full = run_full(id, nil, n)
     if full then return full end
@@ -98,7 +98,7 @@ local function finish(e)
   for _, r in ipairs(e.recs) do
     if r.kind == 'step' then
       append_logs(id, r.first, r.mrun, r.mten, r.last)
-      if not r.old then write_step(id, r.field, r.out, m[14]) end
+      if not r.old then write_step(id, r.field, r.out, m[15]) end
     elseif r.kind == 'logs' then
       append_logs(id, r.first, r.mrun, r.mten, r.last)
     else
@@ -110,7 +110,7 @@ local function finish(e)
   local extra = nil
   if t.status == 'waiting' then extra = { 'wait', ARGV[e.wait], 'wait_step', ARGV[e.wait + 1] } end
   local lens = {}
-  for i, f in ipairs({ 'error', 'output', 'resolution' }) do lens[f] = m[9 + i] and #m[9 + i] or 0 end
+  for i, f in ipairs({ 'error', 'output', 'resolution' }) do lens[f] = m[10 + i] and #m[10 + i] or 0 end
   if apply(id, t, m, extra, lens) then wake = wake + 1 end
   local status = t.status
   if status == 'waiting' then

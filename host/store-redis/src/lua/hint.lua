@@ -7,5 +7,7 @@ if seq > 0 then
     redis.call('HSET', G .. 'seq', tenant, seq)
   end
 end
-apply_hint(G, tenant, ns, wake, update)
+local qs = {}
+for i = 6, #ARGV do qs[#qs + 1] = ARGV[i] end
+apply_hint(G, tenant, ns, wake, update, qs)
 return 1

@@ -15,7 +15,7 @@ local function runkey(id) return P .. 'run:' .. id end
 -- serve the same tenant): building a key name costs a Lua string, which costs about as
 -- much as a cheap Redis command.
 local KP, KQ, KREADY, KLEASES, KUSAGE, KMETA, KQUOTAS, KTIMEOUTS, KGTIMER, KENDOK, KENDBAD
-local KALL, KRDIG, KSETS, KTCFG, KDEB, KST
+local KALL, KRDIG, KSETS, KTCFG, KDEB, KST, KQUEUES, KLANES
 local function stkey(status)
   local k = KST[status]
   if not k then
@@ -262,15 +262,54 @@ local function load_run(id, nosteps, fields)
   return { fields, order, outs }
 end
 
--- Flow control (see lib.rs): due runs wait in the lane `q` by rank; a run its gate holds
+-- Named queues (wasq_core::queues): the default queue's lane is `q`, queue X's `q:X`; a
+-- run of queue X has `qu` = X (absent: default). `queues` holds the tenant's other queues
+-- (it only grows: a deploy names them, so it stays small).
+local function lane(q)
+  if not q then return KQ end
+  local k = KLANES[q]
+  if not k then
+    k = P .. 'q:' .. q
+    KLANES[q] = k
+  end
+  return k
+end
+
+-- The tenant's queues besides the default one, read once per call.
+local QLIST
+local function other_queues()
+  if not QLIST then QLIST = redis.call('SMEMBERS', KQUEUES) end
+  return QLIST
+end
+
+-- Runs that entered a lane due now in this call, by queue ('' = default): the wake-ups
+-- `publish` sends to the workers of that queue.
+local LANEADD
+
+-- A named queue's queued and running runs (`qload`: `<queue>|queued`, `<queue>|running`);
+-- the default queue's are the rest of `st:queued` and `st:running`.
+local function queue_load(q, status, n)
+  if status == 'queued' or status == 'running' then
+    redis.call('HINCRBY', P .. 'qload', q .. '|' .. status, n)
+  end
+end
+
+local function lane_add(q, score, id)
+  redis.call('ZADD', lane(q), score, id)
+  local k = q or ''
+  LANEADD[k] = (LANEADD[k] or 0) + 1
+end
+
+-- Flow control (see lib.rs): due runs wait in their lane (`q`, `q:<queue>`) by rank; a run its gate holds
 -- back is parked in `park:<gate>` (same rank) until the gate lets it back into the lane.
 local function unpark(id, score)
-  redis.call('ZADD', KQ, score, id)
+  lane_add(redis.call('HGET', runkey(id), 'qu') or nil, score, id)
   redis.call('HDEL', runkey(id), 'parked')
 end
 
-local function park(id, gate, score)
-  redis.call('ZREM', KQ, id)
+-- `q`: the run's queue (`qu`), nil for the default one.
+local function park(id, gate, score, q)
+  redis.call('ZREM', lane(q), id)
   redis.call('ZADD', P .. 'park:' .. gate, score, id)
   charge(id, unpack_cost(id, { 'parked', gate }))
   redis.call('HSET', runkey(id), 'parked', gate)
@@ -292,7 +331,7 @@ end
 
 -- The fields `move` reads first, in this order; a caller that read them already (the
 -- first MOVE_FIELDS elements of its HMGET) passes them as `pre`.
-local MOVE_FIELDS = { 'status', 'created_at', 'wait_event', 'wait_run', 'cgate', 'parked' }
+local MOVE_FIELDS = { 'status', 'created_at', 'wait_event', 'wait_run', 'cgate', 'parked', 'qu' }
 
 -- Moves run `id` to `status`, setting `fields` (flat name/value list) and updated_at, and
 -- keeps every index in step: status index, ready/lane/park/lease/timeout zsets, waiter
@@ -308,10 +347,11 @@ local function move(id, status, fields, pre, lens)
   if old ~= status then
     if old then redis.call('ZREM', stkey(old), id) end
     redis.call('ZADD', stkey(status), created, id)
+    if r[7] then queue_load(r[7], old, -1); queue_load(r[7], status, 1) end
   end
   if old == 'queued' or old == 'sleeping' then
     redis.call('ZREM', KREADY, id)
-    redis.call('ZREM', KQ, id)
+    redis.call('ZREM', lane(r[7] or nil), id)
   elseif old == 'running' then
     redis.call('ZREM', KLEASES, id)
   elseif old == 'waiting' then
@@ -330,10 +370,10 @@ local function move(id, status, fields, pre, lens)
   charge(id, blob_delta(id, fields, lens))
   redis.call('HSET', rk, 'status', status, 'updated_at', NOWS, unpack(fields))
   if status == 'queued' or status == 'sleeping' then
-    local h = redis.call('HMGET', rk, 'due_at', 'rank_offset')
+    local h = redis.call('HMGET', rk, 'due_at', 'rank_offset', 'qu')
     local due = tonumber(h[1])
     if due <= NOW then
-      redis.call('ZADD', KQ, I(due + tonumber(h[2] or '0')), id)
+      lane_add(h[3] or nil, I(due + tonumber(h[2] or '0')), id)
     else
       redis.call('ZADD', KREADY, h[1], id)
     end
@@ -512,67 +552,9 @@ local function window_log(gate, limit)
   redis.call('LTRIM', P .. 'win:' .. gate, 0, limit - 1)
 end
 
--- admission.lua (read_flow, insert_run) comes after this prelude.
+-- admission.lua (read_flow, insert_run) comes after this prelude and publish.lua.
 
--- Whether the tenant may start another run (its max_running quota).
-local function has_room()
-  local maxr = quota('max_running')
-  return not maxr or redis.call('ZCARD', KLEASES) < maxr
-end
-
--- The tenant's next due time: 0 (now) when its lane holds runs it has room to start,
--- else the earliest of its not yet due runs, lease expiries, wait timeouts and throttle
--- windows opening; nil when it has none. Parked runs wait for an event of their gate.
-local function next_due()
-  if redis.call('ZCARD', KQ) > 0 and has_room() then return 0 end
-  local best = nil
-  for _, z in ipairs({ 'ready', 'leases', 'timeouts', 'gtimer' }) do
-    local h = redis.call('ZRANGE', P .. z, 0, 0, 'WITHSCORES')
-    if h[2] then
-      local s = tonumber(h[2])
-      if best == nil or s < best then best = s end
-    end
-  end
-  return best
-end
-
--- apply_hint (lua/apply_hint.lua) comes before this prelude.
-
--- Publishes the tenant's next due time to the global schedule and pushes `wake` tokens.
--- Single node (G set): done here, atomically. Cluster (G empty): the global keys live in
--- another slot, so the script returns {seq, next, wake} and the caller applies it with the
--- hint script, which drops updates older than the newest seq it has seen.
-local function publish(wake, force)
-  local n = next_due()
-  local ns = ''
-  if n then ns = I(n) end
-  local meta = KMETA
-  local changed = force or redis.call('HGET', meta, 'next') ~= ns
-  if not changed and wake == 0 then return false end
-  local seq = 0
-  if changed then
-    seq = redis.call('HINCRBY', meta, 'seq', 1)
-    redis.call('HSET', meta, 'next', ns)
-  end
-  if G ~= '' then
-    apply_hint(G, TENANT, ns, wake, changed)
-    return false
-  end
-  return { seq, ns, wake }
-end
-
--- `publish` after a transition that only added runs due now (an enqueue): they cannot
--- make the tenant's next due time later, so when it is 'now' already only the wake-up is
--- left to do.
-local function publish_added(wake)
-  if redis.call('HGET', KMETA, 'next') ~= '0' then return publish(wake, false) end
-  if wake == 0 then return false end
-  if G ~= '' then
-    apply_hint(G, TENANT, '0', wake, false)
-    return false
-  end
-  return { 0, '0', wake }
-end
+-- publish.lua (has_room, next_due, publish, publish_added) comes after this prelude.
 
 local function check_lease(id, token)
   local r = redis.call('HMGET', runkey(id), 'status', 'lease_token')
@@ -589,12 +571,14 @@ local function enter(args)
   KEY = @KEY_COST@ + #P
   QUOTAS = nil
   TDELTA, RDELTA, UEXEC, UFUEL = 0, {}, 0, 0
+  QLIST, LANEADD = nil, {}
   if P ~= KP then
     KP = P
     KQ, KREADY, KLEASES, KUSAGE = P .. 'q', P .. 'ready', P .. 'leases', P .. 'usage'
     KMETA, KQUOTAS, KTIMEOUTS, KGTIMER = P .. 'meta', P .. 'quotas', P .. 'timeouts', P .. 'gtimer'
     KENDOK, KENDBAD, KALL, KRDIG = P .. 'ended:ok', P .. 'ended:bad', P .. 'all', P .. 'rdig'
     KSETS, KTCFG, KDEB, KST = P .. 'sets', P .. 'tcfg', P .. 'deb', {}
+    KQUEUES, KLANES = P .. 'queues', {}
   end
 end
 

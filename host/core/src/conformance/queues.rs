@@ -1,0 +1,162 @@
+//! Scenarios of named queues ([`crate::queues`]): a claim naming queues takes runs of
+//! those queues only, in the order named; a claim naming none takes every queue; a run
+//! keeps the queue it was created in; depths are counted per queue.
+
+use serde_json::json;
+
+use super::*;
+
+async fn deploy_on(store: &impl Store, tenant: &str, name: &str, queue: &str) {
+    store
+        .deploy(DeployRequest {
+            tenant: tenant.into(),
+            name: name.into(),
+            digest: "d".into(),
+            component: b"c".to_vec(),
+            settings: FunctionSettings {
+                queue: queue.into(),
+                ..settings(3)
+            },
+            events: vec![],
+            schedule: None,
+        })
+        .await
+        .expect("deploy");
+}
+
+async fn claim_from(store: &impl Store, queues: &[&str], limit: usize) -> Vec<Claimed> {
+    store
+        .claim(ClaimRequest {
+            worker: format!("w-{}", queues.join("-")),
+            limit,
+            lease_ms: LEASE,
+            queues: queues.iter().map(|q| q.to_string()).collect(),
+        })
+        .await
+        .expect("claim")
+}
+
+fn functions(claimed: &[Claimed]) -> Vec<String> {
+    claimed.iter().map(|c| c.run.function.clone()).collect()
+}
+
+async fn depths(store: &impl Store, tenant: &str) -> Vec<(String, u64, u64)> {
+    store
+        .queue_depths(tenant)
+        .await
+        .expect("queue depths")
+        .into_iter()
+        .map(|d| (d.queue, d.queued, d.running))
+        .collect()
+}
+
+pub(super) async fn named_queues(store: impl Store, clock: ManualClock) {
+    deploy_on(&store, DEFAULT_TENANT, "email", "critical").await;
+    deploy_on(
+        &store,
+        DEFAULT_TENANT,
+        "report",
+        crate::queues::DEFAULT_QUEUE,
+    )
+    .await;
+    deploy_on(&store, DEFAULT_TENANT, "bulk", "low").await;
+    deploy_on(&store, "other", "email", "critical").await;
+    for i in 0..3 {
+        enq(&store, "report", json!(i)).await;
+    }
+    for i in 0..2 {
+        enq(&store, "email", json!(i)).await;
+        enq(&store, "bulk", json!(i)).await;
+    }
+    let theirs = try_enqueue(&store, "other", "email", json!(0), None, None)
+        .await
+        .unwrap()
+        .run;
+    assert_eq!(theirs.settings.queue, "critical", "the run pins its queue");
+    assert_eq!(
+        depths(&store, DEFAULT_TENANT).await,
+        vec![
+            ("critical".into(), 2, 0),
+            ("default".into(), 3, 0),
+            ("low".into(), 2, 0)
+        ]
+    );
+
+    // A claim naming one queue takes only its runs, of every tenant.
+    let critical = claim_from(&store, &["critical"], 10).await;
+    assert_eq!(functions(&critical), ["email"; 3], "only the critical runs");
+    let tenants: Vec<&str> = critical.iter().map(|c| c.lease.tenant.as_str()).collect();
+    assert!(tenants.contains(&"other"), "{tenants:?}");
+    assert!(claim_from(&store, &["critical"], 10).await.is_empty());
+
+    // Queues in the order named: every startable run of the first before the second.
+    let got = claim_from(&store, &["low", "default"], 3).await;
+    assert_eq!(functions(&got), ["bulk", "bulk", "report"]);
+    assert_eq!(
+        depths(&store, DEFAULT_TENANT).await,
+        vec![
+            ("critical".into(), 0, 2),
+            ("default".into(), 2, 1),
+            ("low".into(), 0, 2)
+        ]
+    );
+
+    // A run retried after a failure waits in its queue again.
+    let retried = &critical[0];
+    store
+        .finish(
+            &retried.lease,
+            Outcome::Failed {
+                error: RunError::new(ErrorReason::Trap, "boom"),
+                retry_in_ms: Some(0),
+                fuel_used: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(claim_from(&store, &["default", "low"], 10).await.len(), 2);
+    let again = claim_from(&store, &["critical"], 10).await;
+    assert_eq!(ids(&again), std::slice::from_ref(&retried.run.id));
+
+    // A delayed run becomes due while only other queues are claimed: it waits for its own.
+    let later = clock.now_ms() + 5_000;
+    let delayed = enqueue_at(&store, "email", "late", later).await;
+    clock.advance(6_000);
+    assert!(claim_from(&store, &["default", "low"], 10).await.is_empty());
+    assert_eq!(
+        ids(&claim_from(&store, &["critical"], 10).await),
+        std::slice::from_ref(&delayed.id)
+    );
+
+    // Redeploying moves new runs only; a claim naming no queue takes every queue.
+    deploy_on(&store, DEFAULT_TENANT, "email", "low").await;
+    let moved = enq(&store, "email", json!("moved")).await;
+    assert_eq!(moved.settings.queue, "low");
+    enq(&store, "report", json!("r")).await;
+    assert!(claim_from(&store, &["critical"], 10).await.is_empty());
+    let all = claim_from(&store, &[], 10).await;
+    let mut fs = functions(&all);
+    fs.sort();
+    assert_eq!(fs, ["email", "report"]);
+    assert_eq!(
+        depths(&store, "other").await,
+        vec![("critical".into(), 0, 1)]
+    );
+}
+
+/// Without queues named, every queue is one: rank alone orders, across queues.
+pub(super) async fn all_queues_rank_together(store: impl Store, clock: ManualClock) {
+    deploy_on(&store, DEFAULT_TENANT, "a", "one").await;
+    deploy_on(&store, DEFAULT_TENANT, "b", "two").await;
+    let mut order = Vec::new();
+    for i in 0..6 {
+        let f = if i % 2 == 0 { "a" } else { "b" };
+        order.push(enq(&store, f, json!(i)).await.id);
+        clock.advance(1);
+    }
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.extend(ids(&claim_from(&store, &[], 2).await));
+    }
+    assert_eq!(got, order, "oldest first, whatever the queue");
+}

@@ -1,0 +1,118 @@
+-- The tenant's schedule, after the prelude in the scripts' library: when it has work
+-- next, for every queue and for each, published to the global keys (`due`, `due:<queue>`)
+-- with wake-ups (`wake`, `wake:<queue>`). apply_hint (lua/apply_hint.lua) comes first.
+
+-- Whether the tenant may start another run (its max_running quota).
+local function has_room()
+  local maxr = quota('max_running')
+  return not maxr or redis.call('ZCARD', KLEASES) < maxr
+end
+
+-- The earliest of the tenant's not yet due runs, lease expiries, wait timeouts and
+-- throttle windows opening (what any claim of the tenant takes care of, whatever queues
+-- it names); nil when it has none.
+local function maintenance_due()
+  local best = nil
+  for _, z in ipairs({ 'ready', 'leases', 'timeouts', 'gtimer' }) do
+    local h = redis.call('ZRANGE', P .. z, 0, 0, 'WITHSCORES')
+    if h[2] then
+      local s = tonumber(h[2])
+      if best == nil or s < best then best = s end
+    end
+  end
+  return best
+end
+
+-- The tenant's next due time, for every queue and for each (`per`: queue ('default' for
+-- the default one) -> time): 0 (now) where a lane holds runs it has room to start, else
+-- maintenance_due(); nil when it has none. Parked runs wait for an event of their gate.
+local function next_due()
+  local room, maint = nil, false
+  local per, n = {}, nil
+  local function queue_due(name, k)
+    local v
+    if redis.call('ZCARD', k) > 0 then
+      if room == nil then room = has_room() end
+      if room then v = 0 end
+    end
+    if v == nil then
+      if maint == false then maint = maintenance_due() end
+      v = maint
+    end
+    per[name] = v
+    if v and (n == nil or v < n) then n = v end
+  end
+  queue_due('default', KQ)
+  for _, q in ipairs(other_queues()) do queue_due(q, lane(q)) end
+  return n, per
+end
+
+-- Publishes the tenant's next due time to the global schedule (`due`, and `due:<queue>`
+-- for workers that name queues) and pushes `wake` tokens (and to `wake:<queue>`, one per
+-- run that entered that queue's lane, and one where its due time came earlier).
+-- Single node (G set): done here, atomically. Cluster (G empty): the global keys live in
+-- another slot, so the script returns {seq, next, wake, queue, next, wake, ...} and the
+-- caller applies it with the hint script, which drops updates older than the newest seq
+-- it has seen.
+local function publish(wake, force)
+  local n, per = next_due()
+  local ns = ''
+  if n then ns = I(n) end
+  local meta = KMETA
+  local qs = {}
+  local changed = force or redis.call('HGET', meta, 'next') ~= ns
+  for q, v in pairs(per) do
+    local vs = ''
+    if v then vs = I(v) end
+    local add = LANEADD[q] or 0
+    if q == 'default' then add = LANEADD[''] or 0 end
+    local qchanged = force or redis.call('HGET', meta, 'next:' .. q) ~= vs
+    if qchanged then
+      changed = true
+      redis.call('HSET', meta, 'next:' .. q, vs)
+    end
+    if qchanged or add > 0 then
+      qs[#qs + 1] = q
+      qs[#qs + 1] = vs
+      qs[#qs + 1] = add
+    end
+  end
+  if not changed and wake == 0 and #qs == 0 then return false end
+  local seq = 0
+  if changed then
+    seq = redis.call('HINCRBY', meta, 'seq', 1)
+    redis.call('HSET', meta, 'next', ns)
+  end
+  if G ~= '' then
+    apply_hint(G, TENANT, ns, wake, changed, qs)
+    return false
+  end
+  local out = { seq, ns, wake }
+  for _, v in ipairs(qs) do out[#out + 1] = v end
+  return out
+end
+
+-- `publish` after a transition that only added runs due now (an enqueue): they cannot
+-- make a due time later, so when the tenant's and their queues' are 'now' already only
+-- the wake-ups are left to do.
+local function publish_added(wake)
+  local fields, qs = { 'next' }, {}
+  for k, n in pairs(LANEADD) do
+    local q = k
+    if q == '' then q = 'default' end
+    fields[#fields + 1] = 'next:' .. q
+    qs[#qs + 1] = q
+    qs[#qs + 1] = '0'
+    qs[#qs + 1] = n
+  end
+  for _, v in ipairs(redis.call('HMGET', KMETA, unpack(fields))) do
+    if v ~= '0' then return publish(wake, false) end
+  end
+  if G ~= '' then
+    apply_hint(G, TENANT, '0', wake, false, qs)
+    return false
+  end
+  local out = { 0, '0', wake }
+  for _, v in ipairs(qs) do out[#out + 1] = v end
+  return out
+end
