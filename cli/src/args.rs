@@ -64,6 +64,9 @@ pub(crate) enum Command {
     /// Cron schedules: list with next fire times, pause, resume, run now.
     #[command(subcommand)]
     Cron(CronCommand),
+    /// Webhooks: the secret they are signed with.
+    #[command(subcommand)]
+    Webhooks(WebhooksCommand),
     /// Queue depths: runs waiting to start and running, per queue.
     Queues {
         /// How to print: a table for people, or JSON for programs.
@@ -443,6 +446,20 @@ pub(crate) enum RunsCommand {
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
+    /// Follow every status change of the tenant's runs (created, started, retried, ended)
+    /// as it happens, until Ctrl-C.
+    Follow {
+        /// Only runs of this function.
+        #[arg(long)]
+        function: Option<String>,
+        /// Only changes to this status: queued, running, sleeping, waiting, succeeded,
+        /// failed, cancelled or skipped.
+        #[arg(long)]
+        status: Option<String>,
+        /// How to print: lines for people, or one JSON object per change for programs.
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
     /// Print a run's log lines.
     Logs {
         /// The run's id, or a unique prefix of it (any case).
@@ -472,4 +489,10 @@ pub(crate) enum FunctionsCommand {
         #[arg(long, value_enum, default_value_t)]
         output: Output,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum WebhooksCommand {
+    /// Print the tenant's signing secret (`whsec_...`), for verifying `--notify` POSTs.
+    Secret,
 }

@@ -79,6 +79,13 @@ pub(crate) struct DeployArgs {
     /// which queues a worker takes.
     #[arg(long, value_name = "QUEUE")]
     queue: Option<String>,
+    /// A URL that gets a signed POST when a run ends (Standard Webhooks; the secret:
+    /// `wasq webhooks secret`); repeat for more, at most 4. `--notify ""` removes them.
+    #[arg(long = "notify", value_name = "URL")]
+    notify: Vec<String>,
+    /// Also POST to the --notify URLs when an attempt fails and the run will be retried.
+    #[arg(long)]
+    notify_attempts: bool,
     /// Start from the server's defaults: without it, a redeploy keeps every setting,
     /// event and schedule the function has and the flags or manifest do not give.
     #[arg(long)]
@@ -140,6 +147,10 @@ impl DeployArgs {
         if self.queue.is_none() {
             self.queue.clone_from(&m.queue);
         }
+        if self.notify.is_empty() {
+            self.notify = m.notify.clone().unwrap_or_default();
+        }
+        self.notify_attempts |= m.notify_attempts == Some(true);
     }
 
     fn query(&self) -> Vec<(&'static str, String)> {
@@ -180,6 +191,14 @@ impl DeployArgs {
         query.extend(self.flow.query());
         query.extend(self.on_failure.clone().map(|f| ("on_failure", f)));
         query.extend(self.queue.clone().map(|q| ("queue", q)));
+        if !self.notify.is_empty() {
+            // Commas separate URLs on the wire: one inside a URL travels encoded.
+            let urls: Vec<String> = self.notify.iter().map(|u| u.replace(',', "%2C")).collect();
+            query.push(("notify", urls.join(",")));
+        }
+        if self.notify_attempts {
+            query.push(("notify_attempts", "true".into()));
+        }
         if self.reset_settings {
             query.push(("reset_settings", "true".into()));
         }

@@ -158,6 +158,11 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Runs(RunsCommand::Watch { id, output }) => watch(client()?, &id, output).await,
+        Command::Runs(RunsCommand::Follow {
+            function,
+            status,
+            output,
+        }) => runs::follow(client()?, function, status, output).await,
         Command::Runs(RunsCommand::Logs { id, follow, output }) => {
             logs(client()?, &id, follow, output).await
         }
@@ -189,6 +194,11 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
         Command::Cron(CronCommand::List { output }) => {
             let schedules = client()?.get("/v1/schedules", &[]).await?;
             views::schedules(&schedules, output);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Webhooks(WebhooksCommand::Secret) => {
+            let s = client()?.get("/v1/webhooks/secret", &[]).await?;
+            outln!("{}", out::field(&s["secret"]));
             Ok(ExitCode::SUCCESS)
         }
         Command::Queues { output } => {

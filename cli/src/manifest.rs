@@ -73,6 +73,8 @@ pub(crate) struct DeploySettings {
     pub priority_aging: Option<String>,
     pub on_failure: Option<String>,
     pub queue: Option<String>,
+    pub notify: Option<Vec<String>>,
+    pub notify_attempts: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]

@@ -1,5 +1,7 @@
 //! `run` (with `--wait`) and `runs logs` (with `--follow`).
 
+use std::ops::ControlFlow;
+
 use super::*;
 
 pub(crate) async fn run(client: Client, args: RunArgs) -> Result<ExitCode> {
@@ -254,18 +256,87 @@ pub(crate) async fn watch(client: Client, id: &str, output: Output) -> Result<Ex
 }
 
 /// Reads the run's event stream (`GET /v1/runs/{id}/events`), handing each event to `f`,
-/// until its `end`: the ended run. A stream that breaks is opened again after the last
-/// event seen (`Last-Event-ID`), so nothing is missed or seen twice.
+/// until its `end`: the ended run.
 async fn follow_events(
     client: &Client,
     id: &str,
     mut f: impl FnMut(&str, &Value, Option<&str>),
 ) -> Result<Value> {
     let path = format!("/v1/runs/{}/events", client::path_segment(id));
+    let what = format!("the event stream of run {}", out::line(id, out::SHORT));
+    read_events(client, &path, &what, |kind, data, last| {
+        f(kind, &data, last);
+        match kind {
+            "end" => ControlFlow::Break(Ok(data)),
+            "error" => ControlFlow::Break(Err(anyhow::anyhow!(
+                "the run's events stopped: {}",
+                out::field(&data["error"])
+            ))),
+            _ => ControlFlow::Continue(()),
+        }
+    })
+    .await
+}
+
+/// `wasq runs follow`: the tenant's run changes (`GET /v1/runs:events`) as they come, one
+/// line each, until interrupted.
+pub(crate) async fn follow(
+    client: Client,
+    function: Option<String>,
+    status: Option<String>,
+    output: Output,
+) -> Result<ExitCode> {
+    let mut query: Vec<String> = Vec::new();
+    if let Some(f) = &function {
+        query.push(format!("function={}", client::path_segment(f)));
+    }
+    if let Some(s) = &status {
+        query.push(format!("status={}", client::path_segment(s)));
+    }
+    let path = if query.is_empty() {
+        "/v1/runs:events".to_owned()
+    } else {
+        format!("/v1/runs:events?{}", query.join("&"))
+    };
+    read_events(
+        &client,
+        &path,
+        "the tenant's event stream",
+        |kind, change, _| {
+            if kind == "run" {
+                match output {
+                    Output::Json => outln!("{}", out::json(&change, false)),
+                    Output::Table => outln!(
+                        "{} {} {} {} #{}",
+                        crate::views::time(&change["at"]),
+                        out::line(str_of(&change["id"]), out::SHORT),
+                        out::line(str_of(&change["function"]), out::SHORT),
+                        out::field(&change["status"]),
+                        out::field(&change["attempt"]),
+                    ),
+                }
+            }
+            // A read error on the server ends its stream: it is opened again where it was.
+            ControlFlow::<Result<ExitCode>>::Continue(())
+        },
+    )
+    .await
+}
+
+/// Reads the Server-Sent Events stream at `path`, handing each event (kind, data, the id
+/// of the last event seen) to `on` until it breaks with a result. A stream that breaks is
+/// opened again after the last event seen (`Last-Event-ID`), so nothing is missed or seen
+/// twice; after ten breaks in a row without an event, `what` kept breaking.
+async fn read_events<T>(
+    client: &Client,
+    path: &str,
+    what: &str,
+    mut on: impl FnMut(&str, Value, Option<&str>) -> ControlFlow<Result<T>>,
+) -> Result<T> {
     let mut last: Option<String> = None;
     let mut breaks = 0;
     loop {
-        let mut resp = match client.events(&path, last.as_deref()).await {
+        let mut resp = match client.events(path, last.as_deref()).await {
             Ok(resp) => resp,
             // A stream that broke: the server may be restarting. A first refusal is final.
             Err(_) if last.is_some() && breaks < 10 => {
@@ -286,20 +357,15 @@ async fn follow_events(
                 }
                 let Some(kind) = kind else { continue };
                 let data: Value = serde_json::from_str(&data).unwrap_or(Value::Null);
-                f(&kind, &data, last.as_deref());
-                match kind.as_str() {
-                    "end" => return Ok(data),
-                    "error" => bail!("the run's events stopped: {}", out::field(&data["error"])),
-                    _ => breaks = 0,
+                if let ControlFlow::Break(result) = on(&kind, data, last.as_deref()) {
+                    return result;
                 }
+                breaks = 0;
             }
         }
         breaks += 1;
         if breaks > 10 {
-            bail!(
-                "the event stream of run {} kept breaking",
-                out::line(id, out::SHORT)
-            );
+            bail!("{what} kept breaking");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

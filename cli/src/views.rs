@@ -10,7 +10,7 @@ pub(crate) fn str_of(v: &Value) -> &str {
     v.as_str().unwrap_or("")
 }
 
-fn time(v: &Value) -> String {
+pub(crate) fn time(v: &Value) -> String {
     v.as_i64().map(units::format_time).unwrap_or_default()
 }
 
@@ -170,6 +170,20 @@ pub(crate) fn run(run: &Value, output: Output) {
                 time(&a["started_at"]),
                 out::json_cell(&a["fuel_used"], 24),
                 error(&a["error"]),
+            ]);
+        }
+        outln!("\n{t}");
+    }
+    let deliveries: Vec<&Value> = items(&run["deliveries"]).collect();
+    if !deliveries.is_empty() {
+        let mut t = table(&["WEBHOOK", "EVENT", "STATUS", "TRIES", "LAST ERROR"]);
+        for d in deliveries {
+            t.add_row(vec![
+                out::line(str_of(&d["url"]), 60),
+                out::field(&d["event"]),
+                out::field(&d["status"]),
+                out::field(&d["tries"]),
+                out::line(str_of(&d["last_error"]), 60),
             ]);
         }
         outln!("\n{t}");

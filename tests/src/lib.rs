@@ -156,6 +156,17 @@ impl Daemon {
         }
     }
 
+    /// An API server on the Redis at `url` that executes nothing: `wasq worker` processes
+    /// ([`spawn_worker`]) do.
+    pub async fn api_on_redis(url: &str, tweak: impl FnOnce(&mut wasq_server::Config)) -> Daemon {
+        Self::start_with(|c| {
+            c.store = wasq_server::StoreBackend::Redis(url.to_owned());
+            c.concurrency = 0;
+            tweak(c);
+        })
+        .await
+    }
+
     pub async fn stop(mut self) {
         self.shutdown.cancel();
         self.running
@@ -676,4 +687,13 @@ impl Proxy {
     pub fn restore(&self) {
         self.cut.store(false, std::sync::atomic::Ordering::SeqCst);
     }
+}
+
+/// A `wasq worker` process on the Redis at `url` with `extra` flags, its data folder and
+/// its log (`<name>.log`) in `dir`.
+pub fn spawn_worker(url: &str, dir: &Path, name: &str, extra: &[&str]) -> DaemonProcess {
+    let data = dir.join(name);
+    let mut args = vec!["worker", "--redis", url, "--data", data.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    DaemonProcess::spawn_logged(&args, &dir.join(format!("{name}.log")))
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use wasq_server::StoreBackend;
 use wasq_store_redis::testing::{RedisOptions, RedisServer};
-use wasq_tests::{Api, Daemon, DaemonProcess, DevProcess, free_port, guest, run_cli};
+use wasq_tests::{Api, Daemon, DaemonProcess, DevProcess, free_port, guest, run_cli, spawn_worker};
 
 fn ms(v: &Value) -> i64 {
     v.as_i64().unwrap_or_else(|| panic!("not a number: {v}"))
@@ -210,11 +210,7 @@ async fn statuses(api: &Api, ids: &[String]) -> Vec<String> {
 async fn burst_worker_drains_500_runs_on_redis_and_exits_0() {
     let redis = RedisServer::start(RedisOptions::default());
     let url = redis.url();
-    let daemon = Daemon::start_with(|c| {
-        c.store = StoreBackend::Redis(url.clone());
-        c.concurrency = 0;
-    })
-    .await;
+    let daemon = Daemon::api_on_redis(&url, |_| {}).await;
     let api = &daemon.api;
     api.deploy("echo", guest("echo"), "").await;
     let ids = create_runs(api, 500).await;
@@ -222,19 +218,11 @@ async fn burst_worker_drains_500_runs_on_redis_and_exits_0() {
     assert_eq!(status, 201, "{later}");
 
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("worker");
-    let mut worker = DaemonProcess::spawn_logged(
-        &[
-            "worker",
-            "--redis",
-            &url,
-            "--burst",
-            "--concurrency",
-            "16",
-            "--data",
-            data.to_str().unwrap(),
-        ],
-        &dir.path().join("worker.log"),
+    let mut worker = spawn_worker(
+        &url,
+        dir.path(),
+        "worker",
+        &["--burst", "--concurrency", "16"],
     );
     let code = exit_of(&mut worker, Duration::from_secs(180)).await;
     assert_eq!(code, 0, "{}", worker.log());

@@ -6,7 +6,6 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use wasq_server::StoreBackend;
 use wasq_store_redis::testing::{RedisOptions, RedisServer};
 use wasq_tests::*;
 
@@ -59,11 +58,7 @@ fn depth(queues: &Value, name: &str) -> (u64, u64) {
 async fn a_critical_run_is_never_executed_by_a_default_worker_on_redis() {
     let redis = RedisServer::start(RedisOptions::default());
     let url = redis.url();
-    let daemon = Daemon::start_with(|c| {
-        c.store = StoreBackend::Redis(url.clone());
-        c.concurrency = 0;
-    })
-    .await;
+    let daemon = Daemon::api_on_redis(&url, |_| {}).await;
     let api = &daemon.api;
     let email = api.deploy("email", guest("echo"), "queue=critical").await;
     assert_eq!(email["settings"]["queue"], "critical", "{email}");
@@ -72,19 +67,11 @@ async fn a_critical_run_is_never_executed_by_a_default_worker_on_redis() {
 
     let dir = tempfile::tempdir().unwrap();
     let spawn = |queues: &str, name: &str| {
-        DaemonProcess::spawn_logged(
-            &[
-                "worker",
-                "--redis",
-                &url,
-                "--queues",
-                queues,
-                "--concurrency",
-                "4",
-                "--data",
-                dir.path().join(name).to_str().unwrap(),
-            ],
-            &dir.path().join(format!("{name}.log")),
+        spawn_worker(
+            &url,
+            dir.path(),
+            name,
+            &["--queues", queues, "--concurrency", "4"],
         )
     };
     let mut critical = spawn("critical", "critical");

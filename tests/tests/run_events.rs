@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use wasq_server::StoreBackend;
 use wasq_store_redis::testing::{RedisOptions, RedisServer};
 use wasq_tests::{Api, Daemon, DaemonProcess, guest, run_cli};
 
@@ -61,11 +60,7 @@ async fn events_of_a_run_on_another_process_arrive_in_order_and_resume() {
     let redis = RedisServer::start(RedisOptions::default());
     let url = redis.url();
     // The API server executes nothing: a `wasq worker` process does.
-    let daemon = Daemon::start_with(|c| {
-        c.store = StoreBackend::Redis(url.clone());
-        c.concurrency = 0;
-    })
-    .await;
+    let daemon = Daemon::api_on_redis(&url, |_| {}).await;
     let api = &daemon.api;
     api.deploy("watched", guest("watched"), "timeout_ms=10000")
         .await;

@@ -11,8 +11,10 @@ mod actions;
 mod batch;
 mod durable;
 mod ends;
+mod feed;
 mod flow;
 mod history;
+mod notify;
 mod queues;
 mod runs;
 mod storage;
@@ -168,6 +170,16 @@ fn scenarios<S: Store + Directory>() -> Vec<(&'static str, &'static str, Scenari
             "all_queues_rank_together",
             "a claim naming no queue takes every queue, oldest first",
             |s, c| Box::pin(queues::all_queues_rank_together(s, c)),
+        ),
+        (
+            "feed",
+            "the tenant feed records every status change while listened to, in order",
+            |s, c| Box::pin(feed::feed(s, c)),
+        ),
+        (
+            "deliveries",
+            "webhook deliveries are added once, leased, retried on schedule, gone with their run",
+            |s, c| Box::pin(notify::deliveries(s, c)),
         ),
         (
             "enqueue_batch",
@@ -389,6 +401,8 @@ macro_rules! conformance_tests {
             delayed,
             named_queues,
             all_queues_rank_together,
+            feed,
+            deliveries,
             enqueue_batch,
             run_id_prefixes,
             idempotency,

@@ -15,11 +15,13 @@
 pub mod clock;
 pub mod conformance;
 pub mod duration;
+pub mod feed;
 pub mod flow;
 pub mod ids;
 pub mod lifecycle;
 mod model;
 pub mod names;
+pub mod notify;
 pub mod queues;
 mod retry;
 pub mod storage;
@@ -28,11 +30,13 @@ mod tenant;
 pub mod text;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use feed::Feed;
 pub use flow::{FlowControl, FlowKeys, FlowPlan, Gate, KeyExpr};
 pub use lifecycle::{
     MAX_LOST_LEASE_EXTRA_ATTEMPTS, child_queue_limit, lease_loss_is_final, queue_quota_exceeded,
 };
 pub use model::*;
+pub use notify::Deliveries;
 pub use storage::CostModel;
 pub use store::*;
 pub use tenant::*;

@@ -151,6 +151,12 @@ pub struct FunctionSettings {
     /// `--queues` take only runs of the queues they name. Pinned in each run's settings.
     #[serde(default = "crate::queues::default_queue")]
     pub queue: String,
+    /// Webhooks announcing its runs' ends (see [`crate::notify`]).
+    #[serde(
+        default,
+        skip_serializing_if = "crate::notify::NotifySettings::is_default"
+    )]
+    pub notify: crate::notify::NotifySettings,
 }
 
 impl Default for FunctionSettings {
@@ -162,6 +168,7 @@ impl Default for FunctionSettings {
             flow: FlowControl::default(),
             on_failure: None,
             queue: crate::queues::default_queue(),
+            notify: crate::notify::NotifySettings::default(),
         }
     }
 }

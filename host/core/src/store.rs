@@ -2,7 +2,9 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Millis;
+use crate::feed::Feed;
 use crate::model::*;
+use crate::notify::Deliveries;
 
 /// Functions and their components: what can be run.
 #[async_trait]
@@ -169,11 +171,12 @@ pub trait Retention: Send + Sync + 'static {
 }
 
 /// The boundary every queue backend implements, by capability: [`Registry`], [`Queue`],
-/// [`Runs`], [`Events`] and [`Retention`] (and [`crate::Directory`] for tenants, which
-/// with these makes a [`Backend`]). Implemented for every type that implements them all.
-pub trait Store: Registry + Queue + Runs + Events + Retention {}
+/// [`Runs`], [`Events`], [`Retention`], [`Deliveries`] and [`Feed`] (and
+/// [`crate::Directory`] for tenants, which with these makes a [`Backend`]). Implemented
+/// for every type that implements them all.
+pub trait Store: Registry + Queue + Runs + Events + Retention + Deliveries + Feed {}
 
-impl<T: Registry + Queue + Runs + Events + Retention> Store for T {}
+impl<T: Registry + Queue + Runs + Events + Retention + Deliveries + Feed> Store for T {}
 
 /// Everything the server holds of its backend, once: the store and the tenant directory.
 pub trait Backend: Store + crate::Directory {}

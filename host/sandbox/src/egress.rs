@@ -50,9 +50,11 @@ use crate::host::{LogSink, Ownership};
 
 mod client;
 mod rules;
+mod webhook;
 
 pub(crate) use client::*;
 pub(crate) use rules::*;
+pub use webhook::{check_webhook_url, post_webhook};
 
 /// Limits of outbound HTTP, per attempt. Part of [`crate::SandboxConfig`].
 #[derive(Debug, Clone)]

@@ -43,7 +43,9 @@ use attempt::*;
 use validate::*;
 
 pub use compile::{CHILD_ARG, Compiler, compile_child_main};
-pub use egress::{EgressConfig, MAX_ALLOW_HOSTS, normalize_allow_host};
+pub use egress::{
+    EgressConfig, MAX_ALLOW_HOSTS, check_webhook_url, normalize_allow_host, post_webhook,
+};
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -7,6 +7,7 @@ mod batch;
 mod deploy;
 mod runs;
 mod schedules;
+mod tenant_events;
 mod watch;
 
 pub use deploy::DeployParams;
@@ -63,6 +64,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/events", axum::routing::post(send_event))
         .route("/v1/schedules", get(list_schedules))
         .route("/v1/queues", get(read::list_queues))
+        .route("/v1/webhooks/secret", get(read::webhook_secret))
         .route(
             "/v1/functions/{name}/schedule/{action}",
             axum::routing::post(schedule_action),
@@ -70,6 +72,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/runs/{id}", get(read::get_run))
         .route("/v1/runs/{id}/logs", get(read::get_logs))
         .route("/v1/runs/{id}/events", get(watch::run_events))
+        .route("/v1/runs:events", get(tenant_events::stream))
         .route("/v1/runs/{id}/steps", get(read::list_steps))
         .route(
             "/v1/runs/{id}/steps/{name}/{occurrence}",

@@ -70,6 +70,12 @@ impl Keyring {
         mac.finalize().into_bytes().into()
     }
 
+    /// A key derived from the server secret for `label` (a tenant's webhook signing key):
+    /// the same on every server sharing the secret.
+    pub(crate) fn derive(&self, label: &str) -> [u8; 32] {
+        self.mac(label)
+    }
+
     /// The hex HMAC stored for `key`.
     pub(crate) fn hmac_hex(&self, key: &str) -> String {
         hex::encode(self.mac(key))

@@ -21,6 +21,7 @@ mod error;
 mod flow_params;
 mod guard;
 mod metrics;
+mod notify;
 mod on_failure;
 mod schedule;
 mod serve;
@@ -61,6 +62,8 @@ pub(crate) struct App {
     pub sandbox: Sandbox,
     /// Wakes an idle worker when a run is created in this process.
     pub wake: Notify,
+    /// Wakes the webhook sender when this process added deliveries.
+    pub deliveries: Notify,
     /// Attempts this process is running.
     pub in_flight: worker::InFlight,
     pub quotas: worker::QuotaCache,
@@ -125,6 +128,11 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
     } = assemble(config, &shutdown).await?;
     let task = tokio::spawn(async move {
         let guard = tokio::spawn(guard::watch(app.clone(), shutdown.clone()));
+        // Webhooks are signed with the server secret, which only servers must share.
+        let sender = app
+            .config
+            .scheduler
+            .then(|| tokio::spawn(notify::run(app.clone(), shutdown.clone())));
         let worker = (app.config.concurrency > 0).then(|| {
             let (app, shutdown) = (app.clone(), shutdown.clone());
             tokio::spawn(async move {
@@ -164,6 +172,9 @@ pub async fn start(config: Config, shutdown: CancellationToken) -> Result<Runnin
             let _ = cron.await;
         }
         let _ = guard.await;
+        if let Some(sender) = sender {
+            let _ = sender.await;
+        }
         tracing::info!("stopped");
         served
     });
@@ -218,6 +229,7 @@ pub(crate) async fn assemble(
         keys: auth::KeyCache::default(),
         sandbox,
         wake: Notify::new(),
+        deliveries: Notify::new(),
         in_flight: worker::InFlight::default(),
         quotas: worker::QuotaCache::default(),
         metrics: metrics::Metrics::new(),

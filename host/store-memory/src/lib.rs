@@ -27,11 +27,14 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use wasq_core::clock::Millis;
+use wasq_core::notify;
 use wasq_core::*;
 
 mod admission;
 mod claim;
+mod deliveries;
 mod directory;
+mod feed;
 #[cfg(test)]
 mod invariants;
 mod queries;
@@ -233,6 +236,52 @@ impl Runs for MemoryStore {
 impl Events for MemoryStore {
     async fn send_event(&self, req: EventRequest) -> Result<EventSent, StoreError> {
         self.with(|st, now| waits::send_event(st, now, req))
+    }
+}
+
+#[async_trait]
+impl Deliveries for MemoryStore {
+    async fn add_deliveries(&self, d: Vec<notify::Delivery>) -> Result<(), StoreError> {
+        self.with(|st, _| deliveries::add(st, d));
+        Ok(())
+    }
+
+    async fn claim_deliveries(
+        &self,
+        limit: usize,
+        lease_ms: u64,
+    ) -> Result<Vec<notify::Delivery>, StoreError> {
+        Ok(self.with(|st, now| deliveries::claim(st, now, limit, lease_ms)))
+    }
+
+    async fn record_try(&self, tried: notify::DeliveryTry) -> Result<(), StoreError> {
+        self.with(|st, now| deliveries::record_try(st, now, tried));
+        Ok(())
+    }
+
+    async fn deliveries(
+        &self,
+        tenant: &str,
+        run: &str,
+    ) -> Result<Vec<notify::Delivery>, StoreError> {
+        Ok(self.with(|st, _| deliveries::of_run(st, tenant, run)))
+    }
+}
+
+#[async_trait]
+impl Feed for MemoryStore {
+    async fn listen_feed(&self, tenant: &str, until: Millis) -> Result<(), StoreError> {
+        self.with(|st, _| feed::listen(st, tenant, until));
+        Ok(())
+    }
+
+    async fn feed(
+        &self,
+        tenant: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<wasq_core::feed::FeedPage, StoreError> {
+        self.with(|st, _| feed::read(st, tenant, after, limit))
     }
 }
 

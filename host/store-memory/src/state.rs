@@ -30,6 +30,10 @@ pub(crate) struct State {
     pub(crate) keys: BTreeMap<String, ApiKey>,
     /// Oldest first; append-only.
     pub(crate) audit: Vec<AuditEntry>,
+    /// Webhook deliveries.
+    pub(crate) outbox: crate::deliveries::Outbox,
+    /// Tenants' feeds of status changes.
+    pub(crate) feeds: HashMap<String, crate::feed::TenantFeed>,
 }
 
 /// What comes due by the clock, over every tenant: `(time, tenant, run id or gate)`.
@@ -361,6 +365,9 @@ impl State {
         if status != old_status {
             e.promoted = false;
             e.parked = None;
+            if let Some(feed) = self.feeds.get_mut(tenant) {
+                feed.record(&e.run);
+            }
         }
         e.recount();
         let (new_keys, new_bytes) = (e.keys(), e.bytes());
@@ -413,6 +420,10 @@ impl State {
                 .insert(key.clone(), id.clone());
         }
         space.usage.stored_bytes += e.bytes();
+        if let Some(feed) = self.feeds.get_mut(&tenant) {
+            feed.record(&e.run);
+        }
+        let space = self.spaces.entry(tenant.clone()).or_default();
         space.place(&mut self.timeline, &tenant, &id, &e.keys(), true);
         space.runs.insert(id, e);
         self.sync_lane(&tenant);

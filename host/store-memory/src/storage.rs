@@ -73,6 +73,7 @@ pub(crate) fn purge(st: &mut State, now: Millis, req: PurgeRequest) -> usize {
     }
     for (tenant, id) in &victims {
         st.remove(tenant, id);
+        st.outbox.forget_run(tenant, id);
     }
     let events = forget_events(st, now - IDEMPOTENCY_WINDOW_MS, req.limit);
     if !victims.is_empty() || events > 0 {

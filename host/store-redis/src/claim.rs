@@ -1,6 +1,8 @@
 //! Claims: the due tenants take turns (the limit split among them), each visited by one
 //! claim script; expired leases take a second call with core's transitions; lease renewals.
 
+use wasq_core::queues::DEFAULT_QUEUE;
+
 use super::*;
 
 /// Due tenants one claim considers at most.
@@ -52,13 +54,26 @@ impl RedisStore {
         }
     }
 
-    /// The schedules a claim of `queues` reads: `due` (every queue), or `due:<queue>` of
-    /// each queue named.
+    /// The schedules a claim of `queue` reads (`None`: every queue): tenants with only
+    /// the default queue are in `due`, those with named queues in `dueq` (every queue)
+    /// and in `due:<queue>` (each).
+    fn schedules(&self, queue: Option<&str>) -> Vec<String> {
+        match queue {
+            None => vec![self.g("due"), self.g("dueq")],
+            Some(DEFAULT_QUEUE) => vec![self.g("due"), self.g(&format!("due:{DEFAULT_QUEUE}"))],
+            Some(q) => vec![self.g(&format!("due:{q}"))],
+        }
+    }
+
+    /// Every schedule a worker taking `queues` reads.
     fn due_keys(&self, queues: &[String]) -> Vec<String> {
         if queues.is_empty() {
-            return vec![self.g("due")];
+            return self.schedules(None);
         }
-        queues.iter().map(|q| self.g(&format!("due:{q}"))).collect()
+        queues
+            .iter()
+            .flat_map(|q| self.schedules(Some(q)))
+            .collect()
     }
 
     /// The wake-up listener of workers that take `queues` (one per queue list).
@@ -74,10 +89,14 @@ impl RedisStore {
         wakes
             .entry(queues.join(","))
             .or_insert_with(|| {
-                let keys = queues
+                // Tenants with only the default queue wake its workers through `wake`.
+                let mut keys: Vec<String> = queues
                     .iter()
                     .map(|q| self.g(&format!("wake:{q}")))
                     .collect();
+                if queues.iter().any(|q| q == DEFAULT_QUEUE) {
+                    keys.push(self.g("wake"));
+                }
                 Arc::new(Wake::new(
                     self.inner.block_source.clone(),
                     keys,
@@ -124,27 +143,28 @@ impl RedisStore {
         limit: usize,
     ) -> Result<Vec<Claimed>, StoreError> {
         let now = self.now();
-        let key = match queue {
-            Some(q) => self.g(&format!("due:{q}")),
-            None => self.g("due"),
-        };
-        let mut due: Vec<String> = self
-            .query(
-                redis::cmd("ZRANGEBYSCORE")
-                    .arg(key)
-                    .arg("-inf")
-                    .arg(now)
-                    .arg("LIMIT")
-                    .arg(0)
-                    .arg(DUE_TENANTS_MAX),
-            )
-            .await?;
+        let mut due: Vec<String> = Vec::new();
+        for key in self.schedules(queue) {
+            let some: Vec<String> = self
+                .query(
+                    redis::cmd("ZRANGEBYSCORE")
+                        .arg(key)
+                        .arg("-inf")
+                        .arg(now)
+                        .arg("LIMIT")
+                        .arg(0)
+                        .arg(DUE_TENANTS_MAX),
+                )
+                .await?;
+            due.extend(some);
+        }
         if due.is_empty() {
             return Ok(Vec::new());
         }
         // Fairness: every claim starts with the next tenant in name order, and the limit
         // is split evenly among the tenants visited in a round.
         due.sort();
+        due.dedup();
         let start = self.inner.cursor.fetch_add(1, Ordering::Relaxed) % due.len();
         due.rotate_left(start);
         let mut candidates: VecDeque<String> = due.into();

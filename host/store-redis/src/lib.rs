@@ -82,12 +82,14 @@
 //! | `N:component:<digest>` | string | component bytes, content-addressed, `SET NX` |
 //! | `G tenants` | set | every tenant that deployed a function (for purge and sweeps) |
 //! | `G components` | set | digests of deployed components (what `collect_components` may delete) |
-//! | `G due` | zset | tenant → its next due time (the global schedule, of workers taking every queue) |
-//! | `G due:<queue>` | zset | tenant → the next due time of that queue (0 while its lane holds runs, else the tenant's next maintenance: a run becoming due, a lease expiring, a wait timing out, a throttle opening), read by workers that name queues |
+//! | `G due` | zset | tenant → its next due time (the global schedule), for tenants with only the default queue |
+//! | `G dueq` | zset | the same for tenants with named queues (`P meta` `mq`) |
+//! | `G due:<queue>` | zset | tenant with named queues → the next due time of that queue (0 while its lane holds runs, else the tenant's next maintenance: a run becoming due, a lease expiring, a wait timing out, a throttle opening). Workers taking every queue read `due` and `dueq`; a worker naming queues reads each one's `due:<queue>`, and `due` for `default` |
+//! | `G dlv` | zset | tenant → its earliest pending webhook delivery's due time (see `deliveries.rs`) |
 //! | `G seq` | hash | tenant → sequence number of the last applied `due` update (Cluster) |
 //! | `G wake` | list | wake-up tokens for `wait_for_work` (BLPOP), at most 64 |
-//! | `G wake:<queue>` | list | the same for workers naming the queue: one per run that entered its lane, one when its due time came earlier |
-//! | `P meta` | hash | `next` (last published due time), `next:<queue>` (each queue's), `seq` (their sequence number) |
+//! | `G wake:<queue>` | list | the same for workers naming the queue (tenants with named queues): one per run that entered its lane, one when its due time came earlier |
+//! | `P meta` | hash | `next` (last published due time), `seq` (its sequence number); with named queues `mq` = 1 and `next:<queue>` (each queue's); `feed`: the tenant feed is recorded until then |
 //! | `P fn:<name>` | hash | name, digest, size_bytes, settings JSON, sv (its version: 16 hex of its SHA-1), max_attempts, queue (absent: `default`), events JSON, schedule JSON, created_at, updated_at |
 //! | `P queues` | set | the tenant's queues besides `default` (named by deploys; it only grows) |
 //! | `P qload` | hash | `<queue>\|queued`, `<queue>\|running` → runs of a named queue (the default queue's are the rest of `st:queued`, `st:running`) |
@@ -101,6 +103,10 @@
 //! | `P stepseq:<id>` | list | `attempt\|completed_at\|occurrence:name`, in completion order |
 //! | `P logs:<id>` | list | log lines (JSON) |
 //! | `P ready` | zset | queued and sleeping runs not yet due, by due time |
+//! | `P dlv:<id>` | hash | a webhook delivery: run, url, event, payload, status, tries, next_at, token, last_error, created_at, updated_at |
+//! | `P dlvq` | zset | pending deliveries by due time |
+//! | `P feed` | stream | the tenant feed while listened to (`meta.feed`: until when): `r` run, `f` function, `s` status, `a` attempt, `t` time; at least the last 10,000 |
+//! | `P dlvrun:<run>` | list | the run's delivery ids, in the order added (deleted with the run) |
 //! | `P q`, `P q:<queue>` | zset | the lanes of the default queue and of each named one: due queued and sleeping runs by rank (ties: id, i.e. creation order) |
 //! | `P park:<gate>` | zset | due runs a gate holds back, by rank |
 //! | `P crun:<gate>` | set | running runs of a concurrency key |
@@ -127,8 +133,10 @@ mod attempt;
 mod claim;
 mod conn;
 mod decode;
+mod deliveries;
 mod directory;
 mod events;
+mod feed;
 mod functions;
 mod health;
 mod queries;

@@ -73,6 +73,7 @@ fn placeholders() -> Vec<(&'static str, String)> {
         ),
         ("@WAKEMAX@", WAKE_LIST_MAX.to_string()),
         ("@FLOW_ARGS@", FLOW_ARGS.to_string()),
+        ("@FEED_KEEP@", wasq_core::feed::FEED_KEEP.to_string()),
         ("@RUN_FIELDS@", lua_strings(RUN_FIELDS)),
         ("@REAP_BATCH@", REAP_BATCH.to_string()),
         ("@PROMOTE_BATCH@", PROMOTE_BATCH.to_string()),
@@ -153,7 +154,7 @@ macro_rules! tenant_script {
 }
 
 /// Every tenant script, each registered in the library under its name.
-const TENANT_SCRIPTS: [&TenantScript; 18] = [
+const TENANT_SCRIPTS: [&TenantScript; 20] = [
     &DEPLOY,
     &ENQUEUE,
     &ENQUEUE_BATCH,
@@ -172,6 +173,8 @@ const TENANT_SCRIPTS: [&TenantScript; 18] = [
     &DIGESTS,
     &LIST,
     &FUNCTIONS,
+    &DELIVERIES,
+    &DELIVERY_LIST,
 ];
 
 /// The tenant scripts as one Redis function library (`FUNCTION LOAD`), so that the
@@ -339,6 +342,14 @@ pub(crate) static SEND_EVENT: TenantScript = tenant_script!("send_event", writes
 /// event: the next cursor ('0' at the end) and (run id, wait version, wait JSON) of those
 /// still waiting for it.
 pub(crate) static WAITERS: TenantScript = tenant_script!("waiters", reads);
+
+/// ARGV[5..]: 'add', 'claim' or 'try' and their arguments (see the script). Webhook
+/// deliveries; answers `ok`, the tenant's earliest pending due time ('' for none) and
+/// the claimed deliveries.
+pub(crate) static DELIVERIES: TenantScript = tenant_script!("deliveries", writes);
+
+/// ARGV[5..]: run id. Its webhook deliveries, in the order added.
+pub(crate) static DELIVERY_LIST: TenantScript = tenant_script!("delivery_list", reads);
 
 /// ARGV[5..]: succeeded_before, failed_before, limit. Deletes ended runs with all they
 /// recorded; returns how many.

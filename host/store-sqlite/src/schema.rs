@@ -93,6 +93,24 @@ CREATE TABLE IF NOT EXISTS steps (
     completed_at INTEGER NOT NULL,
     PRIMARY KEY (run_id, name, occurrence)
 );
+-- Webhook deliveries (wasq_core::notify): id is the webhook-id (it names its run).
+CREATE TABLE IF NOT EXISTS deliveries (
+    id         TEXT PRIMARY KEY,
+    tenant     TEXT NOT NULL,
+    run_id     TEXT NOT NULL,
+    url        TEXT NOT NULL,
+    event      TEXT NOT NULL,
+    payload    BLOB NOT NULL,
+    status     TEXT NOT NULL,
+    tries      INTEGER NOT NULL DEFAULT 0,
+    next_at    INTEGER NOT NULL,
+    token      INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS deliveries_due ON deliveries (next_at) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS deliveries_by_run ON deliveries (run_id);
 CREATE TABLE IF NOT EXISTS logs (
     run_id  TEXT NOT NULL,
     seq     INTEGER NOT NULL,
@@ -279,6 +297,7 @@ pub(crate) fn migrate(conn: &Connection) -> Result<(), StoreError> {
         )
         .map_err(internal)?;
     conn.execute_batch(FLOW_SCHEMA).map_err(internal)?;
+    conn.execute_batch(crate::feed::SCHEMA).map_err(internal)?;
     if !counted {
         conn.execute_batch(
             "INSERT OR REPLACE INTO tenant_load (tenant, queued, running)

@@ -296,7 +296,7 @@ pub(crate) fn purge(tx: &Connection, now: i64, req: PurgeRequest) -> Result<usiz
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .map_err(internal)?;
-        for table in ["steps", "logs", "attempts"] {
+        for table in ["steps", "logs", "attempts", "deliveries"] {
             tx.exec(&format!("DELETE FROM {table} WHERE run_id = ?1"), [id])
                 .map_err(internal)?;
         }
@@ -304,6 +304,7 @@ pub(crate) fn purge(tx: &Connection, now: i64, req: PurgeRequest) -> Result<usiz
             .map_err(internal)?;
         charge(tx, &tenant, None, -bytes)?;
     }
+    crate::feed::forget_old(tx, now)?;
     // Event ids are only remembered for their dedup window, and components only
     // while a function or a run refers to them.
     let events = forget_old_events(tx, now - IDEMPOTENCY_WINDOW_MS, req.limit)?;

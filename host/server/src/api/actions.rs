@@ -103,9 +103,12 @@ async fn cancel_one(app: &App, action: RunAction) -> Result<Run, ApiError> {
     if run.status == RunStatus::Running {
         // Ours: interrupt it now. Another process's: it learns at its next lease renewal.
         app.in_flight.cancel(&run.id);
-    } else if run.settings.on_failure.is_some() {
+    } else {
         // Cancelled at once: no worker will see it end.
-        crate::on_failure::after_end(app, &run.tenant, &run.id, run.status).await;
+        if run.settings.on_failure.is_some() {
+            crate::on_failure::after_end(app, &run.tenant, &run.id, run.status).await;
+        }
+        crate::notify::after_end(app, &run, run.status).await;
     }
     Ok(run)
 }

@@ -55,6 +55,11 @@ pub struct DeployParams {
     /// The queue its runs wait in (default `default`): workers started with `--queues`
     /// take only the queues they name.
     pub queue: Option<String>,
+    /// Comma-separated URLs that get a signed POST when a run ends (empty: none; a comma
+    /// inside a URL is written `%2C`).
+    pub notify: Option<String>,
+    /// Also POST when an attempt fails and the run will be retried.
+    pub notify_attempts: Option<bool>,
     /// Start from the defaults, not from the function's current settings, events and
     /// schedule.
     pub reset_settings: Option<bool>,
@@ -147,6 +152,7 @@ impl DeployParams {
                     Some(name.to_owned())
                 }
             },
+            notify: self.notify(d.notify)?,
             queue: match self.queue.as_deref() {
                 None => d.queue,
                 Some(q) => {
@@ -162,6 +168,39 @@ impl DeployParams {
             .and_then(|()| s.retry.validate())
             .map_err(|m| ApiError::bad_request("bad_settings", m))?;
         Ok(s)
+    }
+
+    /// The webhooks asked for (`notify`, `notify_attempts`), over the kept ones `d`.
+    fn notify(
+        &self,
+        d: wasq_core::notify::NotifySettings,
+    ) -> Result<wasq_core::notify::NotifySettings, ApiError> {
+        use wasq_core::notify::{MAX_NOTIFY_URLS, check_notify_url_shape};
+        let bad = |m: String| ApiError::bad_request("bad_settings", format!("notify: {m}"));
+        let urls = match &self.notify {
+            None => d.urls,
+            Some(list) => {
+                let mut urls: Vec<String> = Vec::new();
+                for url in list.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+                    check_notify_url_shape(url).map_err(bad)?;
+                    wasq_sandbox::check_webhook_url(url).map_err(bad)?;
+                    if !urls.iter().any(|u| u == url) {
+                        urls.push(url.to_owned());
+                    }
+                }
+                if urls.len() > MAX_NOTIFY_URLS {
+                    return Err(bad(format!(
+                        "{} URLs given; a function notifies at most {MAX_NOTIFY_URLS}",
+                        urls.len()
+                    )));
+                }
+                urls
+            }
+        };
+        Ok(wasq_core::notify::NotifySettings {
+            urls,
+            attempts: self.notify_attempts.unwrap_or(d.attempts),
+        })
     }
 
     /// The allow-list, each entry checked and normalised, without duplicates.

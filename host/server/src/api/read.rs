@@ -117,18 +117,41 @@ pub(super) async fn list_runs(
     Ok(Json(runs.into_iter().map(Listed::new).collect()))
 }
 
+/// A run as `GET /v1/runs/{id}` shows it: its detail, and its webhook deliveries when its
+/// function notifies.
+#[derive(Debug, Serialize)]
+pub(super) struct RunView {
+    #[serde(flatten)]
+    detail: RunDetail,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    deliveries: Vec<wasq_core::notify::Delivery>,
+}
+
 pub(super) async fn get_run(
     State(app): State<Arc<App>>,
     scope: TenantScope,
     Path(id): Path<String>,
-) -> Result<Json<RunDetail>, ApiError> {
+) -> Result<Json<RunView>, ApiError> {
     let id = super::actions::resolve(&app, &scope.tenant, &id).await?;
     let detail = app
         .store
         .run(&scope.tenant, &id)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("run {id:?} not found")))?;
-    Ok(Json(detail))
+    let deliveries = if detail.run.settings.notify.urls.is_empty() {
+        Vec::new()
+    } else {
+        app.store.deliveries(&scope.tenant, &id).await?
+    };
+    Ok(Json(RunView { detail, deliveries }))
+}
+
+/// `GET /v1/webhooks/secret`: the key the tenant's webhooks are signed with.
+pub(crate) async fn webhook_secret(
+    State(app): State<Arc<App>>,
+    scope: TenantScope,
+) -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "secret": crate::notify::tenant_secret(&app, &scope.tenant) }))
 }
 
 /// `skip` and `limit` of a paged route.

@@ -67,13 +67,13 @@ pub(crate) struct Streams(std::sync::Mutex<std::collections::HashMap<String, usi
 
 /// One open stream of a tenant; closing it (the client went, the run ended) gives the
 /// room back.
-struct Opened {
+pub(super) struct Opened {
     app: Arc<App>,
     tenant: String,
 }
 
 impl Streams {
-    fn open(app: &Arc<App>, tenant: &str) -> Result<Opened, ApiError> {
+    pub(super) fn open(app: &Arc<App>, tenant: &str) -> Result<Opened, ApiError> {
         let max = app.config.http.max_event_streams_per_tenant;
         let mut open = app.streams.0.lock().unwrap_or_else(|p| p.into_inner());
         let n = open.entry(tenant.to_owned()).or_default();

@@ -236,6 +236,18 @@ pub(crate) async fn attempt(
             if run.settings.on_failure.is_some() {
                 crate::on_failure::after_end(app, &run.tenant, &run.id, status).await;
             }
+            if !run.settings.notify.urls.is_empty() {
+                if status.is_terminal() {
+                    crate::notify::after_end(app, &run, status).await;
+                } else if let Outcome::Failed {
+                    error,
+                    retry_in_ms: Some(_),
+                    ..
+                } = &end.outcome
+                {
+                    crate::notify::after_attempt_failed(app, &run, run.attempt, error).await;
+                }
+            }
         }
         Err(StoreError::LeaseLost(_)) => {
             tracing::warn!("lease lost before the attempt ended; its result is discarded")

@@ -154,6 +154,7 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
   if unpacked then add('up', '1') end
   if parent ~= '' then redis.call('ZADD', P .. 'kids:' .. parent, NOW, id) end
   redis.call('HSET', runkey(id), unpack(fields))
+  feed_note(id, status)
   charge(nil, cost)
   -- The component stays while a run pins it (see collect_components in lib.rs).
   redis.call('HINCRBY', KRDIG, pin(f[1], sv), 1)

@@ -1,8 +1,9 @@
--- Applies a tenant's published schedule to the global keys: its next due time in `due`
--- (for workers taking every queue), each queue's in `due:<queue>` (for workers naming
--- queues), and wake-up tokens in `wake` and `wake:<queue>`. `qs`: flat (queue, next due
--- or '', runs that entered its lane) triples; `update`: the due times are newer than
--- what the keys hold.
+-- Applies a tenant's published schedule to the global keys (see `publish`): its next due
+-- time in `due` (a tenant with only the default queue) or `dueq` (one with named queues,
+-- then each queue's in `due:<queue>`), and wake-up tokens in `wake` and `wake:<queue>`.
+-- `qs`: nil for a tenant with only the default queue, else flat (queue, next due or '',
+-- runs that entered its lane) triples; `update`: the due times are newer than what the
+-- keys hold.
 local function push_tokens(key, n)
   local tokens = {}
   for i = 1, math.min(n, @WAKEMAX@) do tokens[i] = '1' end
@@ -23,7 +24,16 @@ local function set_due(key, tenant, ns, wake)
 end
 
 local function apply_hint(G, tenant, ns, wake, update, qs)
-  if update then wake = set_due(G .. 'due', tenant, ns, wake) end
+  if not qs then
+    if update then wake = set_due(G .. 'due', tenant, ns, wake) end
+    if wake > 0 then push_tokens(G .. 'wake', wake) end
+    return
+  end
+  if update then
+    -- It had only the default queue until a deploy named another.
+    redis.call('ZREM', G .. 'due', tenant)
+    wake = set_due(G .. 'dueq', tenant, ns, wake)
+  end
   if wake > 0 then push_tokens(G .. 'wake', wake) end
   for i = 1, #qs, 3 do
     local q, qwake = qs[i], tonumber(qs[i + 2])

@@ -28,6 +28,8 @@ local queue = cjson.decode(ARGV[8]).queue
 if queue and queue ~= 'default' then
   redis.call('HSET', fk, 'queue', queue)
   redis.call('SADD', KQUEUES, queue)
+  -- The tenant publishes per queue from now on (see `publish`).
+  redis.call('HSET', KMETA, 'mq', '1')
 else
   redis.call('HDEL', fk, 'queue')
 end

@@ -7,7 +7,11 @@ if seq > 0 then
     redis.call('HSET', G .. 'seq', tenant, seq)
   end
 end
-local qs = {}
-for i = 6, #ARGV do qs[#qs + 1] = ARGV[i] end
+-- A tenant with named queues: 'mq', then (queue, next, wake) triples.
+local qs = nil
+if ARGV[6] == 'mq' then
+  qs = {}
+  for i = 7, #ARGV do qs[#qs + 1] = ARGV[i] end
+end
 apply_hint(G, tenant, ns, wake, update, qs)
 return 1

@@ -300,6 +300,29 @@ local function lane_add(q, score, id)
   LANEADD[k] = (LANEADD[k] or 0) + 1
 end
 
+-- The tenant's feed (wasq_core::feed): the status changes of this call (run id, status),
+-- appended to the `feed` stream by `leave` while a listener keeps `meta.feed` (a time)
+-- ahead of now. `FEEDUNTIL`: that time as this call read it (`publish` reads it with its
+-- own fields; nil: not read yet, false: not set).
+local FEEDQ, FEEDUNTIL
+
+local function feed_note(id, status)
+  FEEDQ[#FEEDQ + 1] = id
+  FEEDQ[#FEEDQ + 1] = status
+end
+
+local function flush_feed()
+  if #FEEDQ == 0 then return end
+  if FEEDUNTIL == nil then FEEDUNTIL = redis.call('HGET', KMETA, 'feed') end
+  if not FEEDUNTIL or tonumber(FEEDUNTIL) < NOW then return end
+  for i = 1, #FEEDQ, 2 do
+    local id = FEEDQ[i]
+    local h = redis.call('HMGET', runkey(id), 'function', 'attempt')
+    redis.call('XADD', P .. 'feed', 'MAXLEN', '~', @FEED_KEEP@, '*', 'r', id, 'f', h[1] or '',
+      's', FEEDQ[i + 1], 'a', h[2] or '0', 't', NOWS)
+  end
+end
+
 -- Flow control (see lib.rs): due runs wait in their lane (`q`, `q:<queue>`) by rank; a run its gate holds
 -- back is parked in `park:<gate>` (same rank) until the gate lets it back into the lane.
 local function unpark(id, score)
@@ -348,6 +371,7 @@ local function move(id, status, fields, pre, lens)
     if old then redis.call('ZREM', stkey(old), id) end
     redis.call('ZADD', stkey(status), created, id)
     if r[7] then queue_load(r[7], old, -1); queue_load(r[7], status, 1) end
+    feed_note(id, status)
   end
   if old == 'queued' or old == 'sleeping' then
     redis.call('ZREM', KREADY, id)
@@ -572,6 +596,7 @@ local function enter(args)
   QUOTAS = nil
   TDELTA, RDELTA, UEXEC, UFUEL = 0, {}, 0, 0
   QLIST, LANEADD = nil, {}
+  FEEDQ, FEEDUNTIL = {}, nil
   if P ~= KP then
     KP = P
     KQ, KREADY, KLEASES, KUSAGE = P .. 'q', P .. 'ready', P .. 'leases', P .. 'usage'
@@ -585,5 +610,6 @@ end
 -- Ends a call: writes what it charged, and answers `reply`.
 local function leave(reply)
   settle_charges()
+  flush_feed()
   return reply
 end

@@ -23,10 +23,11 @@ local function maintenance_due()
   return best
 end
 
--- The tenant's next due time, for every queue and for each (`per`: queue ('default' for
--- the default one) -> time): 0 (now) where a lane holds runs it has room to start, else
--- maintenance_due(); nil when it has none. Parked runs wait for an event of their gate.
-local function next_due()
+-- The tenant's next due time, for every queue and, when it has named queues (`multi`),
+-- for each (`per`: queue ('default' for the default one) -> time): 0 (now) where a lane
+-- holds runs it has room to start, else maintenance_due(); nil when it has none. Parked
+-- runs wait for an event of their gate.
+local function next_due(multi)
   local room, maint = nil, false
   local per, n = {}, nil
   local function queue_due(name, k)
@@ -43,41 +44,54 @@ local function next_due()
     if v and (n == nil or v < n) then n = v end
   end
   queue_due('default', KQ)
-  for _, q in ipairs(other_queues()) do queue_due(q, lane(q)) end
+  if multi then
+    for _, q in ipairs(other_queues()) do queue_due(q, lane(q)) end
+  end
   return n, per
 end
 
--- Publishes the tenant's next due time to the global schedule (`due`, and `due:<queue>`
--- for workers that name queues) and pushes `wake` tokens (and to `wake:<queue>`, one per
--- run that entered that queue's lane, and one where its due time came earlier).
+-- Publishes the tenant's next due time to the global schedule and pushes `wake` tokens.
+-- A tenant with only the default queue publishes to `due` and `wake`, as before queues
+-- existed (and costs no more). One with named queues (`mq` in its meta, set by the
+-- deploy that named the first) publishes its next due time to `dueq` instead, each
+-- queue's to `due:<queue>`, and wake-ups to `wake:<queue>` too: one per run that entered
+-- the queue's lane, one where its due time came earlier.
 -- Single node (G set): done here, atomically. Cluster (G empty): the global keys live in
--- another slot, so the script returns {seq, next, wake, queue, next, wake, ...} and the
--- caller applies it with the hint script, which drops updates older than the newest seq
--- it has seen.
+-- another slot, so the script returns {seq, next, wake} (with named queues: then 'mq'
+-- and (queue, next, wake) triples) and the caller applies it with the hint script, which
+-- drops updates older than the newest seq it has seen.
 local function publish(wake, force)
-  local n, per = next_due()
+  local meta = KMETA
+  local h = redis.call('HMGET', meta, 'next', 'mq', 'feed')
+  local multi = h[2] ~= false
+  FEEDUNTIL = h[3]
+  local n, per = next_due(multi)
   local ns = ''
   if n then ns = I(n) end
-  local meta = KMETA
-  local qs = {}
-  local changed = force or redis.call('HGET', meta, 'next') ~= ns
-  for q, v in pairs(per) do
-    local vs = ''
-    if v then vs = I(v) end
-    local add = LANEADD[q] or 0
-    if q == 'default' then add = LANEADD[''] or 0 end
-    local qchanged = force or redis.call('HGET', meta, 'next:' .. q) ~= vs
-    if qchanged then
-      changed = true
-      redis.call('HSET', meta, 'next:' .. q, vs)
+  local changed = force or h[1] ~= ns
+  local qs = nil
+  if multi then
+    qs = {}
+    for q, v in pairs(per) do
+      local vs = ''
+      if v then vs = I(v) end
+      local add = LANEADD[q] or 0
+      if q == 'default' then add = LANEADD[''] or 0 end
+      local qchanged = force or redis.call('HGET', meta, 'next:' .. q) ~= vs
+      if qchanged then
+        changed = true
+        redis.call('HSET', meta, 'next:' .. q, vs)
+      end
+      if qchanged or add > 0 then
+        qs[#qs + 1] = q
+        qs[#qs + 1] = vs
+        qs[#qs + 1] = add
+      end
     end
-    if qchanged or add > 0 then
-      qs[#qs + 1] = q
-      qs[#qs + 1] = vs
-      qs[#qs + 1] = add
-    end
+    if not changed and wake == 0 and #qs == 0 then return false end
+  elseif not changed and wake == 0 then
+    return false
   end
-  if not changed and wake == 0 and #qs == 0 then return false end
   local seq = 0
   if changed then
     seq = redis.call('HINCRBY', meta, 'seq', 1)
@@ -88,31 +102,47 @@ local function publish(wake, force)
     return false
   end
   local out = { seq, ns, wake }
-  for _, v in ipairs(qs) do out[#out + 1] = v end
+  if qs then
+    out[4] = 'mq'
+    for _, v in ipairs(qs) do out[#out + 1] = v end
+  end
   return out
 end
 
 -- `publish` after a transition that only added runs due now (an enqueue): they cannot
--- make a due time later, so when the tenant's and their queues' are 'now' already only
+-- make a due time later, so when the tenant's (and their queues') are 'now' already only
 -- the wake-ups are left to do.
 local function publish_added(wake)
-  local fields, qs = { 'next' }, {}
-  for k, n in pairs(LANEADD) do
-    local q = k
-    if q == '' then q = 'default' end
-    fields[#fields + 1] = 'next:' .. q
-    qs[#qs + 1] = q
-    qs[#qs + 1] = '0'
-    qs[#qs + 1] = n
+  local h = redis.call('HMGET', KMETA, 'next', 'mq', 'feed')
+  FEEDUNTIL = h[3]
+  if h[1] ~= '0' then return publish(wake, false) end
+  local qs = nil
+  if h[2] then
+    local fields = {}
+    qs = {}
+    for k, n in pairs(LANEADD) do
+      local q = k
+      if q == '' then q = 'default' end
+      fields[#fields + 1] = 'next:' .. q
+      qs[#qs + 1] = q
+      qs[#qs + 1] = '0'
+      qs[#qs + 1] = n
+    end
+    if #fields > 0 then
+      for _, v in ipairs(redis.call('HMGET', KMETA, unpack(fields))) do
+        if v ~= '0' then return publish(wake, false) end
+      end
+    end
   end
-  for _, v in ipairs(redis.call('HMGET', KMETA, unpack(fields))) do
-    if v ~= '0' then return publish(wake, false) end
-  end
+  if wake == 0 and (not qs or #qs == 0) then return false end
   if G ~= '' then
     apply_hint(G, TENANT, '0', wake, false, qs)
     return false
   end
   local out = { 0, '0', wake }
-  for _, v in ipairs(qs) do out[#out + 1] = v end
+  if qs then
+    out[4] = 'mq'
+    for _, v in ipairs(qs) do out[#out + 1] = v end
+  end
   return out
 end

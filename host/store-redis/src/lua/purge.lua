@@ -22,6 +22,13 @@ local function delete(id)
   end
   redis.call('DEL', rk, P .. 'steps:' .. id, P .. 'stepseq:' .. id, P .. 'att:' .. id,
     P .. 'logs:' .. id, P .. 'rw:' .. id, inkey(id))
+  -- Its webhook deliveries.
+  local dk = P .. 'dlvrun:' .. id
+  for _, d in ipairs(redis.call('LRANGE', dk, 0, -1)) do
+    redis.call('DEL', P .. 'dlv:' .. d)
+    redis.call('ZREM', P .. 'dlvq', d)
+  end
+  redis.call('DEL', dk)
 end
 for _, pair in ipairs({ { 'ended:ok', ARGV[5] }, { 'ended:bad', ARGV[6] } }) do
   if n < LIMIT then
