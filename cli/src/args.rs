@@ -67,6 +67,21 @@ pub(crate) enum Command {
     /// Webhooks: the secret they are signed with.
     #[command(subcommand)]
     Webhooks(WebhooksCommand),
+    /// The server at a glance: reachable, the store's state, queue depths, the tenant's
+    /// usage against its quotas.
+    Status {
+        /// How to print: lines for people, or one JSON object for programs.
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
+    /// Print a shell completion script: `wasq completions bash > /etc/bash_completion.d/wasq`,
+    /// `wasq completions zsh > "${fpath[1]}/_wasq"`, `wasq completions fish >
+    /// ~/.config/fish/completions/wasq.fish`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Queue depths: runs waiting to start and running, per queue.
     Queues {
         /// How to print: a table for people, or JSON for programs.

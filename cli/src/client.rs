@@ -31,6 +31,11 @@ impl Client {
         Ok(Client { base, http })
     }
 
+    /// The server's base URL.
+    pub(crate) fn base(&self) -> &str {
+        &self.base
+    }
+
     pub(crate) async fn get(&self, path: &str, query: &[(&str, String)]) -> Result<Value> {
         self.send(self.http.get(self.url(path)).query(query)).await
     }

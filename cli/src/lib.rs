@@ -201,6 +201,13 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             outln!("{}", out::field(&s["secret"]));
             Ok(ExitCode::SUCCESS)
         }
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            let mut cmd = Cli::command();
+            clap_complete::generate(shell, &mut cmd, "wasq", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { output } => views::status(&client()?, output).await,
         Command::Queues { output } => {
             let queues = client()?.get("/v1/queues", &[]).await?;
             views::queues(&queues, output);
@@ -288,5 +295,19 @@ mod tests {
         let mut missing = vec![];
         walk(&super::Cli::command(), "wasq", &mut missing);
         assert!(missing.is_empty(), "without help text: {missing:?}");
+    }
+
+    /// Each shell's completions name the commands and their flags.
+    #[test]
+    fn completions_cover_every_command() {
+        use clap_complete::Shell;
+        for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut super::Cli::command(), "wasq", &mut out);
+            let text = String::from_utf8(out).unwrap();
+            for word in ["deploy", "runs", "follow", "queues", "--notify", "--queues"] {
+                assert!(text.contains(word), "{shell}: no {word}");
+            }
+        }
     }
 }

@@ -313,18 +313,58 @@ pub(crate) fn schedules(schedules: &Value, output: Output) {
     });
 }
 
+/// `wasq status`: the server answers, the tenant's usage against its quotas, its queues.
+pub(crate) async fn status(
+    client: &crate::client::Client,
+    output: Output,
+) -> anyhow::Result<std::process::ExitCode> {
+    let health = client.get("/healthz", &[]).await?;
+    let tenant = client.get("/v1/tenant", &[]).await?;
+    let queues = client.get("/v1/queues", &[]).await?;
+    if let Output::Json = output {
+        let all = serde_json::json!({
+            "server": client.base(),
+            "health": health,
+            "tenant": tenant,
+            "queues": queues,
+        });
+        outln!("{}", out::json(&all, true));
+        return Ok(std::process::ExitCode::SUCCESS);
+    }
+    outln!(
+        "server {}: {}",
+        out::line(client.base(), LONG),
+        out::field(&health["status"])
+    );
+    let (q, u) = (&tenant["quotas"], &tenant["usage"]);
+    let queued: u64 = items(&queues).filter_map(|d| d["queued"].as_u64()).sum();
+    let running: u64 = items(&queues).filter_map(|d| d["running"].as_u64()).sum();
+    outln!(
+        "tenant {}: {queued} queued (at most {}), {running} running (at most {}), stored {} of {}",
+        out::field(&tenant["name"]),
+        out::field(&q["max_queued"]),
+        out::field(&q["max_running"]),
+        bytes(&u["stored_bytes"]),
+        bytes(&q["max_stored_bytes"]),
+    );
+    outln!("{}", queues_table(&queues));
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+fn queues_table(queues: &Value) -> comfy_table::Table {
+    let mut t = table(&["QUEUE", "QUEUED", "RUNNING"]);
+    for q in items(queues) {
+        t.add_row(vec![
+            out::field(&q["queue"]),
+            out::field(&q["queued"]),
+            out::field(&q["running"]),
+        ]);
+    }
+    t
+}
+
 pub(crate) fn queues(queues: &Value, output: Output) {
-    print(queues, output, |queues| {
-        let mut t = table(&["QUEUE", "QUEUED", "RUNNING"]);
-        for q in items(queues) {
-            t.add_row(vec![
-                out::field(&q["queue"]),
-                out::field(&q["queued"]),
-                out::field(&q["running"]),
-            ]);
-        }
-        t
-    });
+    print(queues, output, queues_table);
 }
 
 pub(crate) fn audit(entries: &Value, output: Output) {

@@ -157,6 +157,17 @@ async fn wasq_dev_with_queues_executes_only_those_queues() {
     let (_, queues) = api.get("/v1/queues").await;
     assert_eq!(depth(&queues, "default"), (1, 0), "{queues}");
     assert_eq!(depth(&queues, "critical"), (0, 0), "{queues}");
+    let (code, out, err) = run_cli(api.cli().args(["status"]));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains(": ok") && out.contains("tenant default: 1 queued"),
+        "{out}"
+    );
+    let (code, out, _) = run_cli(api.cli().args(["status", "--output", "json"]));
+    assert_eq!(code, 0);
+    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(status["health"]["status"], "ok");
+    assert_eq!(depth(&status["queues"], "default"), (1, 0));
     let (code, out, _) = run_cli(api.cli().args(["functions", "list"]));
     assert_eq!(code, 0);
     assert!(

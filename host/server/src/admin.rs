@@ -23,6 +23,7 @@ pub(crate) fn routes() -> Router<Arc<App>> {
     Router::new()
         .route("/v1/tenants", post(create_tenant).get(list_tenants))
         .route("/v1/tenants/{tenant}", get(get_tenant))
+        .route("/v1/tenant", get(own_tenant))
         .route("/v1/tenants/{tenant}/quotas", put(set_quotas))
         .route("/v1/tenants/{tenant}/keys", post(create_key).get(list_keys))
         .route("/v1/tenants/{tenant}/keys/{id}/revoke", post(revoke_key))
@@ -147,6 +148,22 @@ async fn list_tenants(
         out.push(TenantView { tenant, usage });
     }
     Ok(Json(out))
+}
+
+/// `GET /v1/tenant`: the caller's own tenant, with its quotas and usage.
+async fn own_tenant(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+) -> Result<Json<TenantView>, ApiError> {
+    let Caller::Tenant { tenant, .. } = &caller else {
+        return Err(ApiError::bad_request(
+            "no_tenant",
+            "the operator key belongs to no tenant: GET /v1/tenants lists them",
+        ));
+    };
+    let tenant = tenant_for(&app, &caller, tenant).await?;
+    let usage = app.store.usage(&tenant.name).await?;
+    Ok(Json(TenantView { tenant, usage }))
 }
 
 async fn get_tenant(
