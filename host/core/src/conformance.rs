@@ -172,6 +172,11 @@ fn scenarios<S: Store + Directory>() -> Vec<(&'static str, &'static str, Scenari
             |s, c| Box::pin(queues::all_queues_rank_together(s, c)),
         ),
         (
+            "load",
+            "load counts unended runs per function and status and finds the oldest queued",
+            |s, c| Box::pin(queues::load(s, c)),
+        ),
+        (
             "feed",
             "the tenant feed records every status change while listened to, in order",
             |s, c| Box::pin(feed::feed(s, c)),
@@ -401,6 +406,7 @@ macro_rules! conformance_tests {
             delayed,
             named_queues,
             all_queues_rank_together,
+            load,
             feed,
             deliveries,
             enqueue_batch,

@@ -136,6 +136,10 @@ pub trait Runs: Send + Sync + 'static {
     /// The tenant's runs waiting to start (queued, delayed ones included) and running,
     /// per queue, in queue name order; queues with neither are left out.
     async fn queue_depths(&self, tenant: &str) -> Result<Vec<QueueDepth>, StoreError>;
+    /// The tenant's runs that have not ended (queued, running, sleeping, waiting), counted
+    /// per function and status, and when the oldest queued one was created: what
+    /// `/metrics` reports.
+    async fn load(&self, tenant: &str) -> Result<RunLoad, StoreError>;
     /// Log lines in the order written, after the first `skip`, at most `limit`.
     async fn logs(
         &self,
@@ -419,6 +423,24 @@ pub struct QueueDepth {
     pub queued: u64,
     pub running: u64,
 }
+
+/// What [`Runs::load`] counts.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RunLoad {
+    /// (function, status, runs) for every pair with at least one run, by function name,
+    /// then status in [`ACTIVE_STATUSES`] order.
+    pub counts: Vec<(String, RunStatus, u64)>,
+    /// Creation time of the oldest queued run.
+    pub oldest_queued_at: Option<Millis>,
+}
+
+/// The statuses of runs that have not ended, as [`Runs::load`] counts them.
+pub const ACTIVE_STATUSES: [RunStatus; 4] = [
+    RunStatus::Queued,
+    RunStatus::Running,
+    RunStatus::Sleeping,
+    RunStatus::Waiting,
+];
 
 /// The right to run one attempt. `token` grows with every claim of the run: the fence.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

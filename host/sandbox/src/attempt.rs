@@ -32,6 +32,7 @@ pub(crate) async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant
         fuel_used: 0,
         peak_memory_bytes: 0,
         duration: start.elapsed(),
+        egress_refused: 0,
     };
     let Some(pre) = inner.pre(&digest) else {
         let msg = format!("component {digest} is not loaded on this host");
@@ -51,6 +52,7 @@ pub(crate) async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant
         fuel_used,
         peak_memory_bytes,
         duration: start.elapsed(),
+        egress_refused: 0,
     };
 
     let memory_limit = limits.memory_bytes.min(inner.config.max_memory_bytes);
@@ -145,6 +147,11 @@ pub(crate) async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant
     let fuel_used = limits.fuel.saturating_sub(store.get_fuel().unwrap_or(0));
     let st = store.data();
     let peak = st.limiter.peak;
+    let refused = st.egress_refused();
+    let finish = |outcome, fuel_used, peak| AttemptResult {
+        egress_refused: refused,
+        ..finish(outcome, fuel_used, peak)
+    };
     let result = match ended {
         Ended::Backstop => Err(limits::timeout(limits.timeout_ms)),
         Ended::Cancelled => Err(limits::cancelled()),

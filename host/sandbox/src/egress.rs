@@ -119,6 +119,8 @@ pub(crate) struct Shared {
     in_flight: Arc<Semaphore>,
     logs: Arc<LogSink>,
     logged: AtomicU32,
+    /// Requests refused so far.
+    refused: AtomicU32,
     ownership: Arc<Ownership>,
 }
 
@@ -133,6 +135,11 @@ pub(crate) struct GuardParams<'a> {
 }
 
 impl Guard {
+    /// Requests of the attempt the guard refused.
+    pub(crate) fn refused(&self) -> u32 {
+        self.shared.refused.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn new(p: GuardParams<'_>) -> Guard {
         let mut allow = Vec::with_capacity(p.allow_hosts.len());
         for raw in p.allow_hosts {
@@ -151,6 +158,7 @@ impl Guard {
                 in_flight: Arc::new(Semaphore::new(p.config.max_in_flight_per_attempt.max(1))),
                 logs: p.logs,
                 logged: AtomicU32::new(0),
+                refused: AtomicU32::new(0),
                 ownership: p.ownership,
             }),
             requests: 0,
@@ -162,6 +170,7 @@ impl Shared {
     /// Logs why a request to `target` was refused (to the run's log, bounded) and returns
     /// the error the guest gets.
     fn refuse(&self, target: &str, reason: impl std::fmt::Display, error: Error) -> Error {
+        self.refused.fetch_add(1, Ordering::Relaxed);
         self.note(target, "refused", reason);
         error
     }

@@ -105,6 +105,11 @@ pub(crate) struct StateParams {
 }
 
 impl State {
+    /// Outbound requests the egress guard refused in this attempt.
+    pub(crate) fn egress_refused(&self) -> u32 {
+        self.egress.refused()
+    }
+
     pub(crate) fn new(p: StateParams) -> State {
         let logs = Arc::new(LogSink::new(
             p.journal.clone(),

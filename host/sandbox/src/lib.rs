@@ -300,6 +300,9 @@ pub struct AttemptResult {
     /// Highest total linear memory of the attempt.
     pub peak_memory_bytes: u64,
     pub duration: Duration,
+    /// Outbound requests the egress guard refused (not those that failed after it let
+    /// them through).
+    pub egress_refused: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -561,6 +564,7 @@ impl Sandbox {
                 fuel_used: 0,
                 peak_memory_bytes: 0,
                 duration: start.elapsed(),
+                egress_refused: 0,
             };
         }
         // Contain a panic in this crate without a task of its own: spawning would cost a
@@ -582,6 +586,7 @@ impl Sandbox {
                     fuel_used: 0,
                     peak_memory_bytes: 0,
                     duration: start.elapsed(),
+                    egress_refused: 0,
                 }
             }
         }

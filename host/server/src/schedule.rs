@@ -407,6 +407,7 @@ async fn fire(
         .await?;
     if enqueued.created {
         tracing::info!(tenant, function, cron = %expr, at = %when, "cron tick");
+        app.metrics.cron_fired(tenant);
         app.wake.notify_one();
     }
     Ok(())

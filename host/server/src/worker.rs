@@ -28,6 +28,11 @@ use journal::*;
 pub(crate) struct InFlight(Mutex<HashMap<RunId, Arc<Held>>>);
 
 impl InFlight {
+    /// Attempts running in this process.
+    pub(crate) fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+
     fn held(&self) -> Vec<Arc<Held>> {
         self.0.lock().unwrap().values().cloned().collect()
     }
@@ -163,6 +168,11 @@ pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
         let claimed = match app.store.claim(req).await {
             Ok(c) => {
                 store_errors = 0;
+                app.metrics.store_call("claim", asked.elapsed());
+                let now = app.now();
+                for c in &c {
+                    app.metrics.claimed(&c.run.tenant, now - c.run.due_at);
+                }
                 c
             }
             Err(e) => {

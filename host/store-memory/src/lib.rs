@@ -221,6 +221,10 @@ impl Runs for MemoryStore {
         self.with(|st, _| Ok(queries::queue_depths(st, tenant)))
     }
 
+    async fn load(&self, tenant: &str) -> Result<RunLoad, StoreError> {
+        self.with(|st, _| Ok(queries::load(st, tenant)))
+    }
+
     async fn logs(
         &self,
         tenant: &str,

@@ -150,3 +150,30 @@ pub(crate) fn queue_depths(st: &State, tenant: &str) -> Vec<QueueDepth> {
         })
         .collect()
 }
+
+/// [`Runs::load`]: the tenant's unended runs per function and status, and the oldest
+/// queued one.
+pub(crate) fn load(st: &State, tenant: &str) -> RunLoad {
+    let Some(space) = st.spaces.get(tenant) else {
+        return RunLoad::default();
+    };
+    let mut counts: std::collections::BTreeMap<(&str, usize), u64> = Default::default();
+    let mut oldest: Option<i64> = None;
+    for (i, status) in ACTIVE_STATUSES.iter().enumerate() {
+        for id in space.by_status.get(status).into_iter().flatten() {
+            if let Some(e) = space.runs.get(id) {
+                *counts.entry((e.run.function.as_str(), i)).or_default() += 1;
+                if *status == RunStatus::Queued {
+                    oldest = Some(oldest.map_or(e.run.created_at, |o| o.min(e.run.created_at)));
+                }
+            }
+        }
+    }
+    RunLoad {
+        counts: counts
+            .into_iter()
+            .map(|((f, i), n)| (f.to_owned(), ACTIVE_STATUSES[i], n))
+            .collect(),
+        oldest_queued_at: oldest,
+    }
+}

@@ -819,6 +819,10 @@ impl Runs for RedisStore {
         self.read_queue_depths(tenant).await
     }
 
+    async fn load(&self, tenant: &str) -> Result<RunLoad, StoreError> {
+        self.read_load(tenant).await
+    }
+
     async fn logs(
         &self,
         tenant: &str,

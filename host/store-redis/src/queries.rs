@@ -291,3 +291,29 @@ impl RedisStore {
             .collect())
     }
 }
+
+impl RedisStore {
+    /// [`Runs::load`], counted by `lua/load.lua`.
+    pub(crate) async fn read_load(&self, tenant: &str) -> Result<RunLoad, StoreError> {
+        let mut args = Args::new();
+        for s in ACTIVE_STATUSES {
+            args = args.s(s.as_str());
+        }
+        let (status, rest) = self.script(&scripts::LOAD, tenant, args).await?;
+        if status != "ok" {
+            return Err(corrupt(format!("load answered {status}")));
+        }
+        let mut rest = rest.into_iter();
+        let oldest = string(rest.next().unwrap_or(Value::Nil))?;
+        let mut flat = array(rest.next().unwrap_or(Value::Nil))?.into_iter();
+        let mut counts = Vec::new();
+        while let (Some(f), Some(s), Some(n)) = (flat.next(), flat.next(), flat.next()) {
+            let status: RunStatus = string(s)?.parse().map_err(corrupt)?;
+            counts.push((string(f)?, status, int(n)? as u64));
+        }
+        Ok(RunLoad {
+            counts,
+            oldest_queued_at: oldest.parse().ok(),
+        })
+    }
+}

@@ -154,7 +154,7 @@ macro_rules! tenant_script {
 }
 
 /// Every tenant script, each registered in the library under its name.
-const TENANT_SCRIPTS: [&TenantScript; 20] = [
+const TENANT_SCRIPTS: [&TenantScript; 21] = [
     &DEPLOY,
     &ENQUEUE,
     &ENQUEUE_BATCH,
@@ -175,6 +175,7 @@ const TENANT_SCRIPTS: [&TenantScript; 20] = [
     &FUNCTIONS,
     &DELIVERIES,
     &DELIVERY_LIST,
+    &LOAD,
 ];
 
 /// The tenant scripts as one Redis function library (`FUNCTION LOAD`), so that the
@@ -347,6 +348,10 @@ pub(crate) static WAITERS: TenantScript = tenant_script!("waiters", reads);
 /// deliveries; answers `ok`, the tenant's earliest pending due time ('' for none) and
 /// the claimed deliveries.
 pub(crate) static DELIVERIES: TenantScript = tenant_script!("deliveries", writes);
+
+/// ARGV[5..]: statuses. The tenant's unended runs per function and status, and when its
+/// oldest queued run was created.
+pub(crate) static LOAD: TenantScript = tenant_script!("load", reads);
 
 /// ARGV[5..]: run id. Its webhook deliveries, in the order added.
 pub(crate) static DELIVERY_LIST: TenantScript = tenant_script!("delivery_list", reads);

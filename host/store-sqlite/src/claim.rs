@@ -457,12 +457,6 @@ mod tests {
                 "runs_queue_lane",
             ),
             (
-                "SELECT queue, SUM(status = 'queued'), SUM(status = 'running') FROM runs
-                 WHERE tenant = ?1 AND status IN ('queued', 'running')
-                 GROUP BY queue ORDER BY queue",
-                "runs_queue_load",
-            ),
-            (
                 "SELECT COUNT(*) FROM runs WHERE tenant = ?1 AND cgate = ?2 AND status = 'running'",
                 "runs_gate_running",
             ),
@@ -494,6 +488,12 @@ mod tests {
             let p = plan(&conn, sql);
             assert!(p.contains(index), "{sql}\n=> {p}");
             assert!(!p.contains("TEMP B-TREE"), "no sort: {sql}\n=> {p}");
+        }
+        // What `queue_depths` and `load` read (a scrape, not a claim): the unended runs
+        // only, grouped in memory.
+        for sql in [load::QUEUE_DEPTHS, load::COUNTS, load::OLDEST_QUEUED] {
+            let p = plan(&conn, sql);
+            assert!(p.contains("runs_active"), "{sql}\n=> {p}");
         }
     }
 }

@@ -42,6 +42,7 @@ mod claim;
 mod deliveries;
 mod directory;
 mod feed;
+mod load;
 mod rows;
 mod schema;
 mod storage;
@@ -521,26 +522,12 @@ impl Runs for SqliteStore {
 
     async fn queue_depths(&self, tenant: &str) -> Result<Vec<QueueDepth>, StoreError> {
         let tenant = tenant.to_owned();
-        self.tx(move |tx, _| {
-            let mut stmt = tx
-                .prepare_cached(
-                    "SELECT queue, SUM(status = 'queued'), SUM(status = 'running') FROM runs
-                     WHERE tenant = ?1 AND status IN ('queued', 'running')
-                     GROUP BY queue ORDER BY queue",
-                )
-                .map_err(internal)?;
-            let rows = stmt
-                .query_map([&tenant], |r| {
-                    Ok(QueueDepth {
-                        queue: r.get(0)?,
-                        queued: r.get::<_, i64>(1)? as u64,
-                        running: r.get::<_, i64>(2)? as u64,
-                    })
-                })
-                .map_err(internal)?;
-            rows.collect::<Result<_, _>>().map_err(internal)
-        })
-        .await
+        self.tx(move |tx, _| load::queue_depths(tx, &tenant)).await
+    }
+
+    async fn load(&self, tenant: &str) -> Result<RunLoad, StoreError> {
+        let tenant = tenant.to_owned();
+        self.tx(move |tx, _| load::load(tx, &tenant)).await
     }
 
     async fn logs(

@@ -189,11 +189,12 @@ CREATE INDEX IF NOT EXISTS runs_due ON runs (due_at)
     WHERE status IN ('queued', 'sleeping') AND promoted = 0;
 CREATE INDEX IF NOT EXISTS runs_lane ON runs (tenant, rank, id)
     WHERE status IN ('queued', 'sleeping') AND promoted = 1 AND parked IS NULL;
--- The lanes of claims that name queues, and each queue's load (`queue_depths`).
+-- The lanes of claims that name queues; the unended runs, for `queue_depths` and `load`.
 CREATE INDEX IF NOT EXISTS runs_queue_lane ON runs (queue, tenant, rank, id)
     WHERE status IN ('queued', 'sleeping') AND promoted = 1 AND parked IS NULL;
-CREATE INDEX IF NOT EXISTS runs_queue_load ON runs (tenant, queue, status)
-    WHERE status IN ('queued', 'running');
+DROP INDEX IF EXISTS runs_queue_load;
+CREATE INDEX IF NOT EXISTS runs_active ON runs (tenant, status, created_at, function, queue)
+    WHERE status IN ('queued', 'running', 'sleeping', 'waiting');
 CREATE INDEX IF NOT EXISTS runs_parked ON runs (tenant, parked, rank, id) WHERE parked IS NOT NULL;
 CREATE INDEX IF NOT EXISTS runs_gate_running ON runs (tenant, cgate)
     WHERE status = 'running' AND cgate IS NOT NULL;

@@ -160,3 +160,32 @@ pub(super) async fn all_queues_rank_together(store: impl Store, clock: ManualClo
     }
     assert_eq!(got, order, "oldest first, whatever the queue");
 }
+
+/// `load` counts the runs that have not ended per function and status, and knows the
+/// oldest queued one.
+pub(super) async fn load(store: impl Store, clock: ManualClock) {
+    deploy_on(&store, DEFAULT_TENANT, "a", "default").await;
+    deploy_on(&store, DEFAULT_TENANT, "b", "other").await;
+    let first = enq(&store, "a", json!(1)).await;
+    clock.advance(10);
+    for i in 0..2 {
+        enq(&store, "b", json!(i)).await;
+    }
+    enq(&store, "a", json!(2)).await;
+    let c = claim_from(&store, &["other"], 1).await;
+    assert_eq!(c.len(), 1);
+    let load = store.load(DEFAULT_TENANT).await.unwrap();
+    assert_eq!(
+        load.counts,
+        vec![
+            ("a".into(), RunStatus::Queued, 2),
+            ("b".into(), RunStatus::Queued, 1),
+            ("b".into(), RunStatus::Running, 1),
+        ]
+    );
+    assert_eq!(load.oldest_queued_at, Some(first.created_at));
+    store.finish(&c[0].lease, ok()).await.unwrap();
+    let load = store.load(DEFAULT_TENANT).await.unwrap();
+    assert_eq!(load.counts.len(), 2, "ended runs are not counted: {load:?}");
+    assert_eq!(store.load("nobody").await.unwrap(), RunLoad::default());
+}

@@ -109,6 +109,7 @@ pub(crate) async fn attempt(
             fuel_used: 0,
             peak_memory_bytes: 0,
             duration: Duration::ZERO,
+            egress_refused: 0,
         },
     };
     // What the attempt did not store yet goes with its end; a step the journal stored in
@@ -204,13 +205,17 @@ pub(crate) async fn attempt(
         result.duration,
         result.peak_memory_bytes,
     );
+    app.metrics
+        .egress_refused(&run.tenant, result.egress_refused);
     held.ending.store(true, Ordering::SeqCst);
     let mut end = AttemptEnd {
         lease: lease.clone(),
         records,
         outcome,
     };
+    let asked = std::time::Instant::now();
     let mut ended = finish_while_leased(app, finisher, &end).await;
+    app.metrics.store_call("end", asked.elapsed());
     if let Err(StoreError::StorageQuota(why)) = &ended {
         // Its steps or its output did not fit: the run fails instead (an error and log
         // lines are always stored; the steps are not).
@@ -223,6 +228,16 @@ pub(crate) async fn attempt(
     match ended {
         Ok(status) => {
             tracing::debug!(%status, "attempt recorded");
+            if let Outcome::Failed { error, .. } = &end.outcome {
+                let retried = status == RunStatus::Queued;
+                let reason = serde_json::to_value(error.reason).unwrap_or_default();
+                let reason = reason.as_str().unwrap_or("host");
+                app.metrics.attempt_error(&run.tenant, reason, retried);
+            }
+            if status.is_terminal() {
+                let took = app.now() - run.created_at;
+                app.metrics.run_ended(&run.tenant, status.as_str(), took);
+            }
             // It may be due again now (a retry without backoff, a short sleep), and its
             // end may have resumed runs waiting for it (which a store that announces work
             // says itself).
