@@ -608,17 +608,30 @@ fn key(expr: &str) -> Option<KeyExpr> {
 }
 
 async fn deploy_flow(store: &impl Store, tenant: &str, name: &str, flow: FlowControl) {
+    let settings = FunctionSettings {
+        flow,
+        ..settings(3)
+    };
+    deploy_with(store, tenant, name, settings, vec![format!("{name}.go")]).await;
+}
+
+/// Deploys function `name` of `tenant` (component `c`, digest `d`) with `settings`,
+/// started by `events`.
+async fn deploy_with(
+    store: &impl Store,
+    tenant: &str,
+    name: &str,
+    settings: FunctionSettings,
+    events: Vec<String>,
+) {
     store
         .deploy(DeployRequest {
             tenant: tenant.into(),
             name: name.into(),
             digest: "d".into(),
             component: b"c".to_vec(),
-            settings: FunctionSettings {
-                flow,
-                ..settings(3)
-            },
-            events: vec![format!("{name}.go")],
+            settings,
+            events,
             schedule: None,
         })
         .await

@@ -254,6 +254,44 @@ pub enum ErrorReason {
     Cancelled,
 }
 
+impl ErrorReason {
+    /// Every reason, for tests that check each.
+    pub const ALL: [ErrorReason; 13] = [
+        ErrorReason::Timeout,
+        ErrorReason::OutOfFuel,
+        ErrorReason::OutOfMemory,
+        ErrorReason::Trap,
+        ErrorReason::Retryable,
+        ErrorReason::Fatal,
+        ErrorReason::RetryAfter,
+        ErrorReason::LeaseExpired,
+        ErrorReason::Host,
+        ErrorReason::RateLimited,
+        ErrorReason::Debounced,
+        ErrorReason::StorageQuota,
+        ErrorReason::Cancelled,
+    ];
+
+    /// The reason as JSON and metrics name it (`out_of_fuel`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorReason::Timeout => "timeout",
+            ErrorReason::OutOfFuel => "out_of_fuel",
+            ErrorReason::OutOfMemory => "out_of_memory",
+            ErrorReason::Trap => "trap",
+            ErrorReason::Retryable => "retryable",
+            ErrorReason::Fatal => "fatal",
+            ErrorReason::RetryAfter => "retry_after",
+            ErrorReason::LeaseExpired => "lease_expired",
+            ErrorReason::Host => "host",
+            ErrorReason::RateLimited => "rate_limited",
+            ErrorReason::Debounced => "debounced",
+            ErrorReason::StorageQuota => "storage_quota",
+            ErrorReason::Cancelled => "cancelled",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunError {
     pub reason: ErrorReason,
@@ -271,9 +309,7 @@ impl RunError {
 
 impl fmt::Display for RunError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let reason = serde_json::to_value(self.reason).ok();
-        let reason = reason.as_ref().and_then(|v| v.as_str()).unwrap_or("error");
-        write!(f, "{reason}: {}", self.message)
+        write!(f, "{}: {}", self.reason.as_str(), self.message)
     }
 }
 
@@ -545,6 +581,13 @@ pub mod opt_bytes_as_json {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_reasons_are_named_as_serde_names_them() {
+        for r in ErrorReason::ALL {
+            assert_eq!(serde_json::to_value(r).unwrap(), r.as_str(), "{r:?}");
+        }
+    }
 
     #[test]
     fn event_filters_compare_dotted_paths() {

@@ -14,13 +14,7 @@ pub const MAX_RUN_ID: usize = 64;
 /// Function names appear in URLs, logs and CLI tables: 1-64 ASCII letters, digits, `-`,
 /// `_` or `.`, starting with a letter or digit.
 pub fn check_function_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= MAX_FUNCTION_NAME
-        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if ok {
+    if is_plain_name(name, MAX_FUNCTION_NAME) {
         Ok(())
     } else {
         Err(format!(
@@ -29,6 +23,17 @@ pub fn check_function_name(name: &str) -> Result<(), String> {
             quoted(name)
         ))
     }
+}
+
+/// The shape of function and queue names: 1-`max` ASCII letters, digits, `-`, `_` or
+/// `.`, starting with a letter or digit.
+pub fn is_plain_name(name: &str, max: usize) -> bool {
+    !name.is_empty()
+        && name.len() <= max
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 /// Event names are typed on command lines and matched by waiters: 1-128 ASCII letters,

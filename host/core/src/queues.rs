@@ -27,13 +27,7 @@ pub fn default_queue() -> String {
 /// Queue names appear in keys, URLs and CLI tables: the rules of function names (1-64
 /// ASCII letters, digits, `-`, `_` or `.`, starting with a letter or digit).
 pub fn check_queue_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= MAX_QUEUE_NAME
-        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if ok {
+    if crate::names::is_plain_name(name, MAX_QUEUE_NAME) {
         Ok(())
     } else {
         Err(format!(

@@ -54,7 +54,7 @@ impl Metrics {
         metrics::with_local_recorder(&self.recorder, f);
     }
 
-    /// A worker claimed a run that was due at `due_at` (ms), now.
+    /// A worker claimed a run `waited_ms` after it was due.
     pub(crate) fn claimed(&self, tenant: &str, waited_ms: i64) {
         self.with(|| {
             metrics::histogram!("wasq_queue_wait_seconds", "tenant" => tenant.to_owned())

@@ -14,8 +14,9 @@ const CLAIM_ROUNDS_MAX: usize = 32;
 const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 impl RedisStore {
-    /// Sleeps until the earliest due time of the schedule the claims of `queues` read
-    /// (`due`, or each named queue's `due:<queue>`), or until a wake-up token arrives.
+    /// Sleeps until the earliest due time of the schedules the claims of `queues` read
+    /// ([`Self::due_keys`], their heads read in one round trip), or until a wake-up token
+    /// arrives.
     pub(crate) async fn wait_for_due(
         &self,
         max: Duration,
@@ -23,16 +24,13 @@ impl RedisStore {
     ) -> Result<(), StoreError> {
         let now = self.now();
         let mut wait = max;
+        let mut pipe = redis::pipe();
         for key in self.due_keys(queues) {
-            let head: Vec<(String, f64)> = self
-                .query(
-                    redis::cmd("ZRANGE")
-                        .arg(key)
-                        .arg(0)
-                        .arg(0)
-                        .arg("WITHSCORES"),
-                )
-                .await?;
+            pipe.cmd("ZRANGE").arg(key).arg(0).arg(0).arg("WITHSCORES");
+        }
+        let mut c = self.inner.conn.clone();
+        let heads: Vec<Vec<(String, f64)>> = self.timed(pipe.query_async(&mut c)).await?;
+        for head in heads {
             if let Some((_, score)) = head.first() {
                 let at = *score as i64;
                 if at <= now {
@@ -143,21 +141,20 @@ impl RedisStore {
         limit: usize,
     ) -> Result<Vec<Claimed>, StoreError> {
         let now = self.now();
-        let mut due: Vec<String> = Vec::new();
+        // Its schedules, read in one round trip.
+        let mut pipe = redis::pipe();
         for key in self.schedules(queue) {
-            let some: Vec<String> = self
-                .query(
-                    redis::cmd("ZRANGEBYSCORE")
-                        .arg(key)
-                        .arg("-inf")
-                        .arg(now)
-                        .arg("LIMIT")
-                        .arg(0)
-                        .arg(DUE_TENANTS_MAX),
-                )
-                .await?;
-            due.extend(some);
+            pipe.cmd("ZRANGEBYSCORE")
+                .arg(key)
+                .arg("-inf")
+                .arg(now)
+                .arg("LIMIT")
+                .arg(0)
+                .arg(DUE_TENANTS_MAX);
         }
+        let mut c = self.inner.conn.clone();
+        let due: Vec<Vec<String>> = self.timed(pipe.query_async(&mut c)).await?;
+        let mut due: Vec<String> = due.into_iter().flatten().collect();
         if due.is_empty() {
             return Ok(Vec::new());
         }

@@ -7,24 +7,14 @@ use crate::notify::*;
 use super::*;
 
 async fn deploy_notifying(store: &impl Store, urls: &[&str]) {
-    store
-        .deploy(DeployRequest {
-            tenant: DEFAULT_TENANT.into(),
-            name: "n".into(),
-            digest: "d".into(),
-            component: b"c".to_vec(),
-            settings: FunctionSettings {
-                notify: NotifySettings {
-                    urls: urls.iter().map(|u| u.to_string()).collect(),
-                    attempts: true,
-                },
-                ..settings(3)
-            },
-            events: vec![],
-            schedule: None,
-        })
-        .await
-        .expect("deploy");
+    let settings = FunctionSettings {
+        notify: NotifySettings {
+            urls: urls.iter().map(|u| u.to_string()).collect(),
+            attempts: true,
+        },
+        ..settings(3)
+    };
+    deploy_with(store, DEFAULT_TENANT, "n", settings, vec![]).await;
 }
 
 /// A run of `n` that ended succeeded.

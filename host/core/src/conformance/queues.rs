@@ -7,21 +7,11 @@ use serde_json::json;
 use super::*;
 
 async fn deploy_on(store: &impl Store, tenant: &str, name: &str, queue: &str) {
-    store
-        .deploy(DeployRequest {
-            tenant: tenant.into(),
-            name: name.into(),
-            digest: "d".into(),
-            component: b"c".to_vec(),
-            settings: FunctionSettings {
-                queue: queue.into(),
-                ..settings(3)
-            },
-            events: vec![],
-            schedule: None,
-        })
-        .await
-        .expect("deploy");
+    let settings = FunctionSettings {
+        queue: queue.into(),
+        ..settings(3)
+    };
+    deploy_with(store, tenant, name, settings, vec![]).await;
 }
 
 async fn claim_from(store: &impl Store, queues: &[&str], limit: usize) -> Vec<Claimed> {

@@ -230,9 +230,8 @@ pub(crate) async fn attempt(
             tracing::debug!(%status, "attempt recorded");
             if let Outcome::Failed { error, .. } = &end.outcome {
                 let retried = status == RunStatus::Queued;
-                let reason = serde_json::to_value(error.reason).unwrap_or_default();
-                let reason = reason.as_str().unwrap_or("host");
-                app.metrics.attempt_error(&run.tenant, reason, retried);
+                app.metrics
+                    .attempt_error(&run.tenant, error.reason.as_str(), retried);
             }
             if status.is_terminal() {
                 let took = app.now() - run.created_at;

@@ -60,9 +60,25 @@ end
 -- another slot, so the script returns {seq, next, wake} (with named queues: then 'mq'
 -- and (queue, next, wake) triples) and the caller applies it with the hint script, which
 -- drops updates older than the newest seq it has seen.
-local function publish(wake, force)
+-- Applies what `publish` decided to the global keys (single node) or returns it for the
+-- caller to apply (Cluster): see `publish`.
+local function send_hint(seq, ns, wake, update, qs)
+  if G ~= '' then
+    apply_hint(G, TENANT, ns, wake, update, qs)
+    return false
+  end
+  local out = { seq, ns, wake }
+  if qs then
+    out[4] = 'mq'
+    for _, v in ipairs(qs) do out[#out + 1] = v end
+  end
+  return out
+end
+
+-- `h`: the meta fields next, mq and feed when the caller read them already.
+local function publish(wake, force, h)
   local meta = KMETA
-  local h = redis.call('HMGET', meta, 'next', 'mq', 'feed')
+  h = h or redis.call('HMGET', meta, 'next', 'mq', 'feed')
   local multi = h[2] ~= false
   FEEDUNTIL = h[3]
   local n, per = next_due(multi)
@@ -72,15 +88,22 @@ local function publish(wake, force)
   local qs = nil
   if multi then
     qs = {}
-    for q, v in pairs(per) do
+    local names, fields = {}, {}
+    for q in pairs(per) do
+      names[#names + 1] = q
+      fields[#fields + 1] = 'next:' .. q
+    end
+    local was = redis.call('HMGET', meta, unpack(fields))
+    for i, q in ipairs(names) do
+      local v = per[q]
       local vs = ''
       if v then vs = I(v) end
       local add = LANEADD[q] or 0
       if q == 'default' then add = LANEADD[''] or 0 end
-      local qchanged = force or redis.call('HGET', meta, 'next:' .. q) ~= vs
+      local qchanged = force or was[i] ~= vs
       if qchanged then
         changed = true
-        redis.call('HSET', meta, 'next:' .. q, vs)
+        redis.call('HSET', meta, fields[i], vs)
       end
       if qchanged or add > 0 then
         qs[#qs + 1] = q
@@ -97,16 +120,7 @@ local function publish(wake, force)
     seq = redis.call('HINCRBY', meta, 'seq', 1)
     redis.call('HSET', meta, 'next', ns)
   end
-  if G ~= '' then
-    apply_hint(G, TENANT, ns, wake, changed, qs)
-    return false
-  end
-  local out = { seq, ns, wake }
-  if qs then
-    out[4] = 'mq'
-    for _, v in ipairs(qs) do out[#out + 1] = v end
-  end
-  return out
+  return send_hint(seq, ns, wake, changed, qs)
 end
 
 -- `publish` after a transition that only added runs due now (an enqueue): they cannot
@@ -115,7 +129,7 @@ end
 local function publish_added(wake)
   local h = redis.call('HMGET', KMETA, 'next', 'mq', 'feed')
   FEEDUNTIL = h[3]
-  if h[1] ~= '0' then return publish(wake, false) end
+  if h[1] ~= '0' then return publish(wake, false, h) end
   local qs = nil
   if h[2] then
     local fields = {}
@@ -130,19 +144,10 @@ local function publish_added(wake)
     end
     if #fields > 0 then
       for _, v in ipairs(redis.call('HMGET', KMETA, unpack(fields))) do
-        if v ~= '0' then return publish(wake, false) end
+        if v ~= '0' then return publish(wake, false, h) end
       end
     end
   end
   if wake == 0 and (not qs or #qs == 0) then return false end
-  if G ~= '' then
-    apply_hint(G, TENANT, '0', wake, false, qs)
-    return false
-  end
-  local out = { 0, '0', wake }
-  if qs then
-    out[4] = 'mq'
-    for _, v in ipairs(qs) do out[#out + 1] = v end
-  end
-  return out
+  return send_hint(0, '0', wake, false, qs)
 end
