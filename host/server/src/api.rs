@@ -58,7 +58,8 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route(
             "/v1/functions/{name}/runs:batch",
             axum::routing::post(batch::create_runs)
-                .layer(DefaultBodyLimit::max(batch::MAX_BATCH_BODY)),
+                .layer(DefaultBodyLimit::max(batch::MAX_BATCH_BODY))
+                .layer(axum::middleware::from_fn(batch::refuse_declared_oversize)),
         )
         .route("/v1/runs", get(read::list_runs))
         .route("/v1/events", axum::routing::post(send_event))

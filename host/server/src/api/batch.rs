@@ -5,8 +5,32 @@
 use super::*;
 
 /// The most bytes a batch's body may have: 1,000 inputs of 8 KiB each, and their
-/// fields. A bigger body is refused (413) before it is read whole.
+/// fields. A bigger body is refused (413) before it is read whole, and before any of it
+/// is read when its Content-Length says so.
 pub(crate) const MAX_BATCH_BODY: usize = 8 << 20;
+
+fn batch_too_large() -> ApiError {
+    ApiError {
+        status: StatusCode::PAYLOAD_TOO_LARGE,
+        code: "too_large",
+        message: format!(
+            "a batch's body is at most {} MiB: split it",
+            MAX_BATCH_BODY >> 20
+        ),
+        retry_after_ms: None,
+    }
+}
+
+/// A batch whose Content-Length is over [`MAX_BATCH_BODY`] is refused unread.
+pub(crate) async fn refuse_declared_oversize(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if declares_over(&req, MAX_BATCH_BODY) {
+        return batch_too_large().into_response();
+    }
+    next.run(req).await
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -38,15 +62,7 @@ pub(crate) async fn create_runs(
     app.guard.admit()?;
     let body = body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError {
-                status: StatusCode::PAYLOAD_TOO_LARGE,
-                code: "too_large",
-                message: format!(
-                    "a batch's body is at most {} MiB: split it",
-                    MAX_BATCH_BODY >> 20
-                ),
-                retry_after_ms: None,
-            }
+            batch_too_large()
         } else {
             ApiError::bad_request("bad_body", e.body_text())
         }

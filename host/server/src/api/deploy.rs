@@ -400,15 +400,19 @@ pub(crate) async fn refuse_declared_oversize(
     next: axum::middleware::Next,
 ) -> Response {
     let max = app.config.sandbox.max_component_bytes;
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > max as u64) {
+    if declares_over(&req, max) {
         return upload_too_large(max).into_response();
     }
     next.run(req).await
+}
+
+/// Whether the request's Content-Length is over `max` bytes.
+pub(crate) fn declares_over(req: &axum::extract::Request, max: usize) -> bool {
+    req.headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n > max as u64)
 }
 
 /// The body of an upload. `DefaultBodyLimit` stops reading it at the server's limit, so
