@@ -28,6 +28,9 @@ command -v redis-server >/dev/null && command -v redis-cli >/dev/null || need+=(
 command -v clang >/dev/null || need+=(clang)
 command -v wasm-ld >/dev/null || need+=(lld)
 [ -e /usr/share/wasi-sysroot ] || need+=(wasi-libc)
+# The dashboard's browser tests (tests/tests/dashboard.rs) drive Debian's chromium.
+command -v chromium >/dev/null || need+=(chromium)
+command -v chromedriver >/dev/null || need+=(chromium-driver)
 # clang links wasm32 code against compiler-rt's builtins, which clang does not pull in.
 ls /usr/lib/llvm-*/lib/clang/*/lib/wasi/libclang_rt.builtins-wasm32.a >/dev/null 2>&1 \
   || need+=(libclang-rt-dev-wasm32)
@@ -36,6 +39,10 @@ if [ ${#need[@]} -gt 0 ]; then apt_install "${need[@]}"; fi
 # Python tasks: componentize-py, pinned as sdk/python's README says.
 if ! componentize-py --version 2>/dev/null | grep -q '0.25.1'; then
   python3 -m pip install --quiet componentize-py==0.25.1
+fi
+# The OpenAPI document's validator (tests/tests/openapi.rs), pinned.
+if ! python3 -m openapi_spec_validator --version 2>/dev/null | grep -q '0.9.0'; then
+  python3 -m pip install --quiet openapi-spec-validator==0.9.0
 fi
 
 # JavaScript tasks: componentize-js (pinned in every package.json) into tests/lang/js, which

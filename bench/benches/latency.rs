@@ -117,6 +117,7 @@ fn request(t: i64, due_at: Option<i64>) -> EnqueueRequest {
         retry: None,
         parent: None,
         priority: None,
+        trace: None,
     }
 }
 

@@ -331,6 +331,11 @@ pub(crate) struct DaemonArgs {
     /// Log format of the daemon's own logs (on stderr).
     #[arg(long, value_enum, default_value_t = LogFormat::Pretty)]
     pub(crate) log_format: LogFormat,
+    /// Export traces to this OpenTelemetry collector over OTLP/HTTP (protobuf), e.g.
+    /// http://127.0.0.1:4318: spans go to URL/v1/traces. Off without it.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL",
+          value_parser = crate::telemetry::otlp_endpoint)]
+    pub(crate) otlp_endpoint: Option<String>,
     /// The HMAC secret of API keys; every server sharing a Redis needs the same one
     /// (default: `secret` in the data folder, created on first start).
     #[arg(long, env = "WASQ_SECRET", hide_env_values = true)]
@@ -418,6 +423,15 @@ pub(crate) enum RunsCommand {
         /// queued, running, sleeping, waiting, succeeded, failed, cancelled or skipped.
         #[arg(long)]
         status: Option<String>,
+        /// Only runs created at or after this time (RFC 3339: 2026-12-24T18:00:00Z).
+        #[arg(long)]
+        since: Option<String>,
+        /// Only runs created before this time (RFC 3339).
+        #[arg(long)]
+        until: Option<String>,
+        /// The next page: only runs listed after this one (a whole id, the last listed).
+        #[arg(long)]
+        before: Option<String>,
         /// At most this many runs.
         #[arg(long, default_value_t = 20)]
         limit: usize,

@@ -1,22 +1,7 @@
 //! The daemon verbs (`dev`, `server`, `worker`): a `wasq_server::Config` from the flags,
-//! logging, and the daemon run until a signal.
+//! logging and traces (`telemetry.rs`), and the daemon run until a signal.
 
 use super::*;
-
-pub(crate) fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("info,wasmtime=warn,cranelift=warn")
-    });
-    use std::io::IsTerminal;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Pretty => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-    };
-}
 
 pub(crate) async fn dev(args: DevArgs, admin_key: Option<String>) -> Result<ExitCode> {
     let mut config = args.daemon.config();
@@ -34,7 +19,7 @@ pub(crate) async fn dev(args: DevArgs, admin_key: Option<String>) -> Result<Exit
         }
         None => format!("data in {}", args.daemon.data.display()),
     };
-    serve_until_signal("wasq dev", config, place, args.daemon.log_format).await
+    serve_until_signal("wasq dev", config, place, &args.daemon).await
 }
 
 pub(crate) async fn server(args: ServerArgs, admin_key: Option<String>) -> Result<ExitCode> {
@@ -52,7 +37,7 @@ pub(crate) async fn server(args: ServerArgs, admin_key: Option<String>) -> Resul
     config.http.max_connections_per_ip = args.max_connections_per_ip;
     config.store = wasq_server::StoreBackend::Redis(args.redis.clone());
     let place = format!("Redis at {}", args.redis);
-    serve_until_signal("wasq server", config, place, args.daemon.log_format).await
+    serve_until_signal("wasq server", config, place, &args.daemon).await
 }
 
 pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode> {
@@ -74,20 +59,33 @@ pub(crate) async fn worker(args: WorkerArgs) -> Result<ExitCode> {
         }
         None => format!("data in {}", args.daemon.data.display()),
     };
-    serve_until_signal("wasq worker", config, place, args.daemon.log_format).await
+    serve_until_signal("wasq worker", config, place, &args.daemon).await
 }
 
-/// Starts the daemon, prints one line saying where it is, and stops it on Ctrl-C/SIGTERM.
+/// Starts the daemon, prints one line saying where it is, and stops it on Ctrl-C/SIGTERM;
+/// then sends the spans not exported yet.
 pub(crate) async fn serve_until_signal(
     verb: &str,
     config: wasq_server::Config,
     place: String,
-    log_format: LogFormat,
+    daemon: &DaemonArgs,
 ) -> Result<ExitCode> {
     if config.lease < Duration::from_millis(500) {
         bail!("--lease must be at least 500ms (it is renewed every third of it)");
     }
-    init_logging(log_format);
+    // Traces name the process by its verb: wasq-dev, wasq-server, wasq-worker.
+    let telemetry = crate::telemetry::init(
+        daemon.log_format,
+        daemon.otlp_endpoint.as_deref(),
+        &verb.replace(' ', "-"),
+    )?;
+    let served = serve(verb, config, place).await;
+    // The last attempts' and requests' spans; blocking, so off the async threads.
+    let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+    served
+}
+
+async fn serve(verb: &str, config: wasq_server::Config, place: String) -> Result<ExitCode> {
     // Everything the daemon creates (database, -wal/-shm, keys, lock, compiled-component
     // cache) is its user's alone; the data folder itself is made 0700 by wasq-server.
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));

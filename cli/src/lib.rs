@@ -19,6 +19,7 @@ mod manifest;
 mod out;
 pub mod project;
 mod runs;
+mod telemetry;
 mod units;
 mod views;
 
@@ -103,6 +104,9 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             function,
             parent,
             status,
+            since,
+            until,
+            before,
             limit,
             output,
         }) => {
@@ -110,6 +114,9 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             query.extend(function.map(|f| ("function", f)));
             query.extend(parent.map(|p| ("parent", p)));
             query.extend(status.map(|s| ("status", s)));
+            query.extend(since.map(|t| ("since", t)));
+            query.extend(until.map(|t| ("until", t)));
+            query.extend(before.map(|b| ("before", b)));
             let runs = client()?.get("/v1/runs", &query).await?;
             views::runs(&runs, output);
             Ok(ExitCode::SUCCESS)

@@ -437,6 +437,8 @@ pub struct DaemonProcess {
     pub child: Child,
     args: Vec<String>,
     log: Option<PathBuf>,
+    /// Environment variables it is started with (besides `RUST_LOG`).
+    env: Vec<(String, String)>,
 }
 
 impl DaemonProcess {
@@ -451,12 +453,31 @@ impl DaemonProcess {
     }
 
     fn spawn_with_log(args: &[&str], log: Option<PathBuf>) -> DaemonProcess {
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        let child = Self::start(&args, log.as_deref());
-        DaemonProcess { child, args, log }
+        Self::spawn_with_env(args, log, &[])
     }
 
-    fn start(args: &[String], log: Option<&Path>) -> Child {
+    /// Like [`DaemonProcess::spawn_logged`] (without a log when `log` is `None`), with
+    /// environment variables `env` set.
+    pub fn spawn_with_env(
+        args: &[&str],
+        log: Option<PathBuf>,
+        env: &[(&str, &str)],
+    ) -> DaemonProcess {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let child = Self::start(&args, log.as_deref(), &env);
+        DaemonProcess {
+            child,
+            args,
+            log,
+            env,
+        }
+    }
+
+    fn start(args: &[String], log: Option<&Path>, env: &[(String, String)]) -> Child {
         let stderr = match log {
             Some(path) => Stdio::from(
                 std::fs::OpenOptions::new()
@@ -473,6 +494,7 @@ impl DaemonProcess {
         wasq()
             .args(args)
             .env("RUST_LOG", level)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()
@@ -513,7 +535,7 @@ impl DaemonProcess {
 
     /// Starts the process again (after [`Self::kill9`]).
     pub fn respawn(&mut self) {
-        self.child = Self::start(&self.args, self.log.as_deref());
+        self.child = Self::start(&self.args, self.log.as_deref(), &self.env);
     }
 }
 

@@ -118,6 +118,34 @@ async fn runs_can_be_listed_and_inspected() {
         [ids[2].clone(), ids[1].clone()],
         "newest first, limited"
     );
+    // The next page: after the last id of this one.
+    let (s, next) = d
+        .api
+        .get(&format!("/v1/runs?function=echo&limit=2&before={}", got[1]))
+        .await;
+    assert_eq!(s, 200, "{next}");
+    assert_eq!(next.as_array().unwrap().len(), 1);
+    assert_eq!(next[0]["id"], ids[0].as_str());
+    // A time range: every run was created in the last minute, none in the future.
+    let (s, recent) = d
+        .api
+        .get("/v1/runs?since=2026-01-01T00:00:00Z&until=2999-01-01T00:00:00Z")
+        .await;
+    assert_eq!((s, recent.as_array().unwrap().len()), (200, 3), "{recent}");
+    let (_, none) = d.api.get("/v1/runs?until=2026-01-01T00:00:00Z").await;
+    assert_eq!(none, serde_json::json!([]));
+    for bad in [
+        "since=yesterday",
+        "until=2026-13-01T00:00:00Z",
+        "before=abc",
+    ] {
+        let (s, body) = d.api.get(&format!("/v1/runs?{bad}")).await;
+        assert_eq!(
+            (s, body["error"]["code"].as_str()),
+            (400, Some("bad_query")),
+            "{bad}: {body}"
+        );
+    }
     let run = d.api.run(&ids[0]).await;
     assert_eq!(run["output"], serde_json::json!({"i": 0}));
     assert_eq!(run["input"], serde_json::json!({"i": 0}));

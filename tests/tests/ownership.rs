@@ -149,6 +149,7 @@ fn spec(digest: &str, effect: &str, counter: &Counter, journal: Arc<Recorder>) -
         journal,
         cancel: Default::default(),
         allow_hosts: vec!["127.0.0.1".into()],
+        traceparent: None,
         max_outbound_requests: None,
     }
 }

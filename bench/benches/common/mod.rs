@@ -25,6 +25,7 @@ pub(crate) fn hello_spec(digest: &str, journal: Arc<dyn Journal>, limits: Limits
         journal,
         cancel: CancellationToken::new(),
         allow_hosts: vec![],
+        traceparent: None,
         max_outbound_requests: None,
     }
 }

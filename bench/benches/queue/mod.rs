@@ -177,6 +177,7 @@ pub(crate) async fn enqueue_n<Q: Queue + 'static>(
                     retry: None,
                     parent: None,
                     priority: None,
+                    trace: None,
                 };
                 store.enqueue(req).await.unwrap();
             }
@@ -192,8 +193,8 @@ async fn active(store: &impl Runs) -> bool {
             tenant: DEFAULT_TENANT.into(),
             function: None,
             status: Some(status),
-            parent: None,
             limit: 1,
+            ..RunQuery::default()
         };
         if !store.runs(q).await.unwrap().is_empty() {
             return true;

@@ -19,6 +19,7 @@ mod queues;
 mod runs;
 mod storage;
 mod tenants;
+mod trace;
 mod waits;
 
 use crate::clock::{Clock, ManualClock, Millis};
@@ -131,6 +132,11 @@ fn scenarios<S: Store + Directory>() -> Vec<(&'static str, &'static str, Scenari
         ("logs", "logs and progress are kept in order", |s, c| {
             Box::pin(history::logs(s, c))
         }),
+        (
+            "trace_context",
+            "a run keeps the trace context it was created with, from every way of creating it",
+            |s, c| Box::pin(trace::trace_context(s, c)),
+        ),
         (
             "suspend",
             "a suspended run sleeps, then resumes the same attempt",
@@ -398,6 +404,7 @@ macro_rules! conformance_tests {
             pinned_digest,
             listing,
             logs,
+            trace_context,
             suspend,
             release_resumed,
             cancel,
@@ -507,6 +514,7 @@ async fn enqueue_due(
             retry: None,
             parent: None,
             priority: None,
+            trace: None,
         })
         .await
         .expect("enqueue")
@@ -577,6 +585,7 @@ async fn send(
             name: name.into(),
             data,
             id: id.map(Into::into),
+            trace: None,
         })
         .await
         .expect("send event")
@@ -691,7 +700,7 @@ fn query(function: Option<&str>, status: Option<RunStatus>) -> RunQuery {
         tenant: DEFAULT_TENANT.into(),
         function: function.map(Into::into),
         status,
-        parent: None,
         limit: 100,
+        ..RunQuery::default()
     }
 }

@@ -48,6 +48,7 @@ const MAX_SEGMENTS: usize = 16;
 /// A function's flow control; every part is optional.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FlowControl {
     pub concurrency: Option<ConcurrencyLimit>,
     pub throttle: Option<RateLimit>,
@@ -73,26 +74,32 @@ impl Default for FlowControl {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ConcurrencyLimit {
     pub limit: u32,
     /// `None`: one limit for the whole function.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub key: Option<KeyExpr>,
 }
 
 /// `limit` per `period_ms`, per key: a throttle or a rate limit.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RateLimit {
     pub limit: u32,
     pub period_ms: u64,
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub key: Option<KeyExpr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Debounce {
     pub period_ms: u64,
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub key: Option<KeyExpr>,
 }
 
@@ -100,6 +107,7 @@ pub struct Debounce {
 /// replaced by their hash as in [`Gate::id`]), for display.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FlowKeys {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub concurrency: Option<String>,

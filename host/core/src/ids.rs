@@ -92,6 +92,27 @@ pub fn prefix_window(prefix: &str) -> (Millis, Millis) {
     (lo as Millis, hi as Millis)
 }
 
+/// Whether `s` has a whole run id's form (any case; any version digit).
+pub fn is_run_id(s: &str) -> bool {
+    s.len() == RUN_ID_LEN
+        && s.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        })
+}
+
+/// A string that sorts after the id of every run created before `at` and before the id of
+/// every run created at `at` or later (its version digit is 0, an id's is 7): a
+/// [`crate::RunQuery::before`] bound for "created before `at`".
+pub fn time_floor(at: Millis) -> String {
+    let ms = u64::try_from(at).unwrap_or(0) & ((1 << 48) - 1);
+    format!(
+        "{:08x}-{:04x}-0000-0000-000000000000",
+        ms >> 16,
+        ms & 0xffff
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,6 +149,16 @@ mod tests {
         assert_eq!(prefix_window(&earlier[..13]), (4_000, 4_000));
         assert!(earlier < ids[0]);
         assert!(ids.iter().all(|id| id.as_bytes()[14] == b'7'), "version 7");
+    }
+
+    #[test]
+    fn a_time_floor_parts_the_ids_before_and_after_it() {
+        for at in [1, 1_764_590_400_123, 281_474_976_710_655] {
+            let floor = time_floor(at);
+            assert_eq!(floor.len(), RUN_ID_LEN);
+            assert!(new_run_id(at - 1) < floor, "{at}");
+            assert!(floor < new_run_id(at), "{at}");
+        }
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub mod storage;
 mod store;
 mod tenant;
 pub mod text;
+pub mod trace;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use feed::Feed;
@@ -40,3 +41,4 @@ pub use notify::Deliveries;
 pub use storage::CostModel;
 pub use store::*;
 pub use tenant::*;
+pub use trace::TraceParent;

@@ -16,6 +16,7 @@ pub const DEFAULT_TENANT: &str = "default";
 /// "scheduled".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum RunStatus {
     Queued,
     Running,
@@ -83,6 +84,7 @@ impl std::str::FromStr for RunStatus {
 
 /// Sandbox limits for one attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Limits {
     /// Wall-clock limit of one attempt.
     pub timeout_ms: u64,
@@ -133,6 +135,7 @@ impl Default for Limits {
 
 /// What a deploy sets for a function; every field has a default.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct FunctionSettings {
     pub limits: Limits,
     pub retry: RetryPolicy,
@@ -176,6 +179,7 @@ impl Default for FunctionSettings {
 /// A named, deployed component. Redeploying a name replaces its component for new runs;
 /// runs already created keep the digest and settings they were created with.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Function {
     pub tenant: String,
     pub name: String,
@@ -189,12 +193,15 @@ pub struct Function {
     /// Cron schedules that start runs of this function.
     #[serde(default)]
     pub schedule: Option<Schedule>,
+    #[cfg_attr(feature = "openapi", schema(value_type = i64))]
     pub created_at: Millis,
+    #[cfg_attr(feature = "openapi", schema(value_type = i64))]
     pub updated_at: Millis,
 }
 
 /// When a function runs by the clock.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Schedule {
     /// Cron expressions, 5 fields (minute precision) or 6 (seconds first).
     pub crons: Vec<String>,
@@ -207,12 +214,14 @@ pub struct Schedule {
     /// When the schedule was last resumed after a pause: its ticks up to then were missed,
     /// and `missed` decides what fires of them (none, or the latest once).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<i64>))]
     pub resumed_at: Option<Millis>,
 }
 
 /// What happens to ticks that passed while no server was running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Missed {
     /// Forget them; the next tick fires as usual.
     #[default]
@@ -224,6 +233,7 @@ pub enum Missed {
 /// Why an attempt failed, in words a user can act on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum ErrorReason {
     /// The wall-clock limit passed.
     Timeout,
@@ -293,6 +303,7 @@ impl ErrorReason {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RunError {
     pub reason: ErrorReason,
     pub message: String,
@@ -315,16 +326,19 @@ impl fmt::Display for RunError {
 
 /// A suspended `wait-for-event` or `call`: the step whose output the resolution becomes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Wait {
     pub step: String,
     pub occurrence: u32,
     pub on: WaitOn,
     /// Give up then (the step resolves as timed out); `None` = wait forever.
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<i64>))]
     pub until: Option<Millis>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum WaitOn {
     /// An event of this name whose data matches `filter` (see [`event_matches`]).
     Event {
@@ -332,7 +346,10 @@ pub enum WaitOn {
         filter: Option<String>,
     },
     /// The end of this (child) run.
-    Run { id: RunId },
+    Run {
+        #[cfg_attr(feature = "openapi", schema(value_type = String))]
+        id: RunId,
+    },
 }
 
 /// How a wait ended; stored (as JSON) as the waiting step's output.
@@ -386,6 +403,7 @@ pub fn check_event_filter(filter: &str) -> Result<(), String> {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Progress {
     pub percent: u8,
     pub message: Option<String>,
@@ -393,21 +411,27 @@ pub struct Progress {
 
 /// One execution of a run, as the run's history keeps it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Attempt {
     pub number: u32,
     pub worker: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = i64))]
     pub started_at: Millis,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<i64>))]
     pub finished_at: Option<Millis>,
     pub error: Option<RunError>,
     /// Fuel burned, when the attempt ended in the sandbox.
     pub fuel_used: Option<u64>,
     /// Set when this execution ended by sleeping; the attempt goes on when the run wakes.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<i64>))]
     pub suspended_until: Option<Millis>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Run {
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub id: RunId,
     pub tenant: String,
     pub function: String,
@@ -416,9 +440,13 @@ pub struct Run {
     pub digest: String,
     pub settings: FunctionSettings,
     pub status: RunStatus,
+    /// The run's input: any JSON value.
     #[serde(with = "crate::model::bytes_as_json")]
+    #[cfg_attr(feature = "openapi", schema(value_type = serde_json::Value))]
     pub input: Vec<u8>,
+    /// The output of a run that succeeded: any JSON value.
     #[serde(with = "crate::model::opt_bytes_as_json")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<serde_json::Value>))]
     pub output: Option<Vec<u8>>,
     pub error: Option<RunError>,
     /// Attempts started so far.
@@ -435,15 +463,20 @@ pub struct Run {
     pub idempotency_key: Option<String>,
     /// The run that started this one with `invoke` or `call`.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
     pub parent: Option<RunId>,
     /// What a `waiting` run waits for.
     #[serde(default)]
     pub wait: Option<Wait>,
     pub progress: Option<Progress>,
+    #[cfg_attr(feature = "openapi", schema(value_type = i64))]
     pub created_at: Millis,
+    #[cfg_attr(feature = "openapi", schema(value_type = i64))]
     pub updated_at: Millis,
     /// Earliest time a queued run may start.
+    #[cfg_attr(feature = "openapi", schema(value_type = i64))]
     pub due_at: Millis,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<i64>))]
     pub finished_at: Option<Millis>,
     /// Bytes the run keeps besides its logs (input, output, steps, attempts), as charged
     /// to its tenant's storage (see [`crate::storage`]).
@@ -452,15 +485,22 @@ pub struct Run {
     /// Bytes of the run's log lines.
     #[serde(default)]
     pub log_bytes: u64,
+    /// The W3C trace context of what created the run (see [`crate::trace`]): every
+    /// attempt's span continues this trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub trace: Option<crate::TraceParent>,
 }
 
 /// A completed step as a run's detail lists it: everything but its output.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StepInfo {
     pub name: String,
     pub occurrence: u32,
     /// The attempt that completed it.
     pub attempt: u32,
+    #[cfg_attr(feature = "openapi", schema(value_type = i64))]
     pub completed_at: Millis,
     /// Size of its output.
     pub output_bytes: u64,
@@ -477,19 +517,24 @@ pub struct ReplayStep {
 
 /// A completed step: its output is returned instead of re-running its body.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StepRecord {
     pub name: String,
     /// 0 for the first step of this name in a run, 1 for the second, ...
     pub occurrence: u32,
+    /// The step's output: any JSON value.
     #[serde(with = "crate::model::bytes_as_json")]
+    #[cfg_attr(feature = "openapi", schema(value_type = serde_json::Value))]
     pub output: Vec<u8>,
     /// The attempt that completed it.
     pub attempt: u32,
+    #[cfg_attr(feature = "openapi", schema(value_type = i64))]
     pub completed_at: Millis,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum LogLevel {
     Trace,
     Debug,
@@ -513,6 +558,7 @@ impl LogLevel {
 /// Where a log line came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum LogSource {
     /// The guest's `log.write`.
     Guest,
@@ -534,8 +580,10 @@ impl LogSource {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct LogLine {
     pub attempt: u32,
+    #[cfg_attr(feature = "openapi", schema(value_type = i64))]
     pub at: Millis,
     pub level: LogLevel,
     pub source: LogSource,

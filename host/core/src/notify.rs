@@ -60,6 +60,7 @@ pub trait Deliveries: Send + Sync + 'static {
 
 /// What a function's runs announce, and to whom.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NotifySettings {
     /// URLs that get a POST when a run ends (`http` or `https`, through the egress guard).
     #[serde(default)]
@@ -78,6 +79,7 @@ impl NotifySettings {
 /// Where a delivery is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum DeliveryStatus {
     /// Not delivered yet: due at `next_at`.
     Pending,
@@ -110,10 +112,12 @@ impl std::str::FromStr for DeliveryStatus {
 
 /// One notification of one run to one URL.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Delivery {
     /// The `webhook-id`: the same for every try, so a receiver drops repeats.
     pub id: String,
     pub tenant: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub run_id: RunId,
     pub url: String,
     /// `run.succeeded`, `run.failed`, `run.cancelled` or `run.attempt_failed`.
@@ -125,13 +129,16 @@ pub struct Delivery {
     /// Tries made so far.
     pub tries: u32,
     /// When a pending delivery is due (again).
+    #[cfg_attr(feature = "openapi", schema(value_type = i64))]
     pub next_at: Millis,
     /// Grows with every claim: only the latest claim's try is recorded.
     #[serde(skip)]
     pub token: u64,
     /// Why the last try failed: an HTTP status or a connection error.
     pub last_error: Option<String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = i64))]
     pub created_at: Millis,
+    #[cfg_attr(feature = "openapi", schema(value_type = i64))]
     pub updated_at: Millis,
 }
 

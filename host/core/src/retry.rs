@@ -8,6 +8,7 @@ use crate::model::ErrorReason;
 /// How the delay between attempts grows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub enum Backoff {
     /// `initial_backoff_ms`, doubled per retry, capped at `max_backoff_ms`.
     #[default]
@@ -18,6 +19,7 @@ pub enum Backoff {
 
 /// How a failed attempt is retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RetryPolicy {
     /// Attempts in all, the first included; 1 means never retry.
     pub max_attempts: u32,

@@ -217,6 +217,8 @@ pub struct EnqueueRequest {
     pub parent: Option<RunId>,
     /// Overrides the function's priority for this run (lower starts first).
     pub priority: Option<i32>,
+    /// The trace context the run keeps ([`Run::trace`]): the span of what creates it.
+    pub trace: Option<crate::TraceParent>,
 }
 
 impl EnqueueRequest {
@@ -272,6 +274,7 @@ impl EnqueueRequest {
             finished_at: None,
             stored_bytes: 0,
             log_bytes: 0,
+            trace: self.trace,
         }
     }
 }
@@ -382,14 +385,21 @@ pub struct EventRequest {
     pub data: serde_json::Value,
     /// Deduplication key: an event id seen within [`IDEMPOTENCY_WINDOW_MS`] is ignored.
     pub id: Option<String>,
+    /// The trace context of the runs the event starts ([`Run::trace`]).
+    pub trace: Option<crate::TraceParent>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct EventSent {
     pub id: String,
     /// False when the id was seen before: nothing happened.
     pub accepted: bool,
+    /// The runs it started.
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
     pub started: Vec<RunId>,
+    /// The waiting runs it resumed.
+    #[cfg_attr(feature = "openapi", schema(value_type = Vec<String>))]
     pub resumed: Vec<RunId>,
 }
 
@@ -417,6 +427,7 @@ pub struct ClaimRequest {
 
 /// A queue's load, as [`Runs::queue_depths`] counts it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct QueueDepth {
     pub queue: String,
     /// Waiting to start: queued, delayed or backing off.
@@ -570,6 +581,7 @@ pub enum Outcome {
 /// A run with its history, bounded: the first [`crate::storage::DETAIL_STEPS`] steps
 /// (without outputs) and the last [`crate::storage::DETAIL_ATTEMPTS`] executions.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RunDetail {
     #[serde(flatten)]
     pub run: Run,
@@ -588,6 +600,11 @@ pub struct RunQuery {
     pub status: Option<RunStatus>,
     /// Only children of this run.
     pub parent: Option<RunId>,
+    /// Only runs listed after this id (a page's last), so older: ids sort by creation
+    /// time ([`crate::ids`]), so this is also "created before" ([`crate::ids::time_floor`]).
+    pub before: Option<RunId>,
+    /// Only runs created at or after this time.
+    pub since: Option<Millis>,
     pub limit: usize,
 }
 

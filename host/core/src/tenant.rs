@@ -20,8 +20,10 @@ pub fn valid_tenant_name(name: &str) -> bool {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Tenant {
     pub name: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = i64))]
     pub created_at: Millis,
     pub quotas: Quotas,
 }
@@ -32,6 +34,7 @@ pub struct Tenant {
 /// server enforces the rest at deploy and run time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Quotas {
     /// Runs of the tenant executing at once, across all workers.
     pub max_running: u32,
@@ -87,6 +90,7 @@ pub struct ApiKey {
 
 /// What a tenant has consumed, summed by the store as attempts end.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Usage {
     /// Fuel burned by all attempts that ended in the sandbox (the basis for billing).
     pub fuel: u64,
@@ -99,7 +103,9 @@ pub struct Usage {
 
 /// One line of the append-only audit trail.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AuditEntry {
+    #[cfg_attr(feature = "openapi", schema(value_type = i64))]
     pub at: Millis,
     pub tenant: String,
     /// Who acted: `key:<id>`, `admin`, or `system`.

@@ -25,6 +25,7 @@ pub(crate) async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant
         journal,
         cancel,
         allow_hosts,
+        traceparent,
         max_outbound_requests,
     } = spec;
     let early = |error| AttemptResult {
@@ -70,6 +71,7 @@ pub(crate) async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant
         deadline,
         cancel: cancel.clone(),
         allow_hosts,
+        traceparent,
         egress: {
             let mut egress = inner.config.egress.clone();
             if let Some(n) = max_outbound_requests {

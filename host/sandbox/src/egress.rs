@@ -94,6 +94,9 @@ pub const MAX_ALLOW_HOSTS: usize = 256;
 /// guest's log budget, so a guest looping over refused requests must not flood it).
 const MAX_LOGGED: u32 = 32;
 
+/// The W3C trace context header an attempt's requests carry.
+const TRACEPARENT: &str = "traceparent";
+
 /// Checks an allow-list entry and returns its normalised form: a host name (lowercase,
 /// no trailing dot), `*.` and a domain (any subdomain of it, at any depth, not the domain
 /// itself), an IPv4 address, or an IPv6 address in brackets.
@@ -122,12 +125,16 @@ pub(crate) struct Shared {
     /// Requests refused so far.
     refused: AtomicU32,
     ownership: Arc<Ownership>,
+    /// The attempt's `traceparent`, added to requests that carry none.
+    traceparent: Option<http::HeaderValue>,
 }
 
 pub(crate) struct GuardParams<'a> {
     pub allow_hosts: &'a [String],
     pub config: &'a EgressConfig,
     pub allow_loopback: bool,
+    /// The attempt's trace context (see [`crate::AttemptSpec::traceparent`]).
+    pub traceparent: Option<&'a wasq_core::TraceParent>,
     pub deadline: Instant,
     pub logs: Arc<LogSink>,
     /// Asked before each request is let through.
@@ -160,6 +167,10 @@ impl Guard {
                 logged: AtomicU32::new(0),
                 refused: AtomicU32::new(0),
                 ownership: p.ownership,
+                // Lowercase hex and dashes: always a valid header value.
+                traceparent: p
+                    .traceparent
+                    .and_then(|t| http::HeaderValue::from_str(t.as_str()).ok()),
             }),
             requests: 0,
         }
@@ -250,10 +261,17 @@ impl WasiHttpHooks for Guard {
 
     fn send_request(
         &mut self,
-        request: http::Request<WasiBody>,
+        mut request: http::Request<WasiBody>,
         options: Option<RequestOptions>,
         _fut: IoFuture,
     ) -> SendFuture {
+        // The attempt's trace goes on to the service it calls, unless the guest continues
+        // a trace of its own.
+        if let Some(tp) = &self.shared.traceparent
+            && !request.headers().contains_key(TRACEPARENT)
+        {
+            request.headers_mut().insert(TRACEPARENT, tp.clone());
+        }
         self.requests = self.requests.saturating_add(1);
         let shared = self.shared.clone();
         // The synchronous checks run now, in the guest's call, so that the count and the

@@ -72,8 +72,9 @@ pub(crate) struct State {
     replay: HashMap<(String, u32), Option<Vec<u8>>>,
     /// How many times `begin` was called per name in this attempt.
     occurrences: HashMap<String, u32>,
-    /// Steps begun but not yet completed: name => occurrence.
-    pending: HashMap<String, u32>,
+    /// Steps begun but not yet completed: name => occurrence, and the step's span (closed
+    /// once the step is stored, or with the attempt).
+    pending: HashMap<String, (u32, tracing::Span)>,
     max_output_bytes: usize,
     /// Sleeps this short wait in the attempt; longer ones suspend the run.
     inline_sleep_max_ms: u64,
@@ -99,6 +100,8 @@ pub(crate) struct StateParams {
     pub cancel: CancellationToken,
     /// The function's allow-list of outbound HTTP hosts.
     pub allow_hosts: Vec<String>,
+    /// What outbound requests carry as `traceparent`.
+    pub traceparent: Option<wasq_core::TraceParent>,
     pub egress: EgressConfig,
     pub allow_loopback_egress: bool,
     pub clock: Arc<dyn Clock>,
@@ -143,6 +146,7 @@ impl State {
             allow_hosts: &p.allow_hosts,
             config: &p.egress,
             allow_loopback: p.allow_loopback_egress,
+            traceparent: p.traceparent.as_ref(),
             deadline: p.deadline,
             logs: logs.clone(),
             ownership: ownership.clone(),

@@ -185,6 +185,9 @@ pub struct AttemptSpec {
     /// Hosts the guest may send HTTP requests to (the function's `allow_hosts`): exact
     /// names, `*.domain`, IP literals. Empty: no outbound HTTP.
     pub allow_hosts: Vec<String>,
+    /// The W3C trace context of the attempt (its span, the caller's): sent as the
+    /// `traceparent` header of every outbound request that does not carry one of its own.
+    pub traceparent: Option<wasq_core::TraceParent>,
     /// The tenant's cap on outbound requests per attempt, below the sandbox's own
     /// (`EgressConfig::max_requests_per_attempt`); `None`: the sandbox's.
     pub max_outbound_requests: Option<u32>,

@@ -181,6 +181,7 @@ async fn run_of_an_unloaded_digest_is_a_host_error() {
             journal: Arc::new(Nop),
             cancel: CancellationToken::new(),
             allow_hosts: vec![],
+            traceparent: None,
             max_outbound_requests: None,
         })
         .await;
@@ -290,6 +291,7 @@ fn spec(digest: &str, input: &str, limits: Limits) -> AttemptSpec {
         journal: Arc::new(Nop),
         cancel: CancellationToken::new(),
         allow_hosts: vec![],
+        traceparent: None,
         max_outbound_requests: None,
     }
 }

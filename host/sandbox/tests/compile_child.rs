@@ -162,6 +162,7 @@ fn compiles_and_runs_in_a_child() {
                 journal: Arc::new(Nop(Mutex::default())),
                 cancel: CancellationToken::new(),
                 allow_hosts: vec![],
+                traceparent: None,
                 max_outbound_requests: None,
             })
             .await;

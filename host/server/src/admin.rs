@@ -85,7 +85,7 @@ async fn tenant_for(app: &App, caller: &Caller, tenant: &str) -> Result<Tenant, 
     found.ok_or_else(|| ApiError::not_found(format!("tenant {tenant:?} not found")))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct NewTenant {
     name: String,
@@ -93,6 +93,20 @@ struct NewTenant {
     quotas: Option<Quotas>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/tenants",
+    tag = "tenants",
+    summary = "Create a tenant",
+    security(("operator_key" = [])),
+    request_body = NewTenant,
+    responses(
+        crate::openapi::OperatorRefusals,
+        (status = 201, description = "The tenant", body = Tenant),
+        (status = 400, description = "`bad_tenant`: not `{\"name\": ...}`, or a name that is not 1-48 lowercase letters, digits, `-` or `_`", body = crate::error::ErrorBody),
+        (status = 409, description = "`conflict`: the name is taken", body = crate::error::ErrorBody),
+    ),
+)]
 async fn create_tenant(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
@@ -130,13 +144,25 @@ async fn create_tenant(
     Ok((StatusCode::CREATED, Json(tenant)).into_response())
 }
 
-#[derive(Debug, Serialize)]
+/// A tenant with its usage.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct TenantView {
     #[serde(flatten)]
     tenant: Tenant,
     usage: Usage,
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/tenants",
+    tag = "tenants",
+    summary = "Every tenant, with quotas and usage",
+    security(("operator_key" = [])),
+    responses(
+        crate::openapi::OperatorRefusals,
+        (status = 200, description = "Tenants by name", body = Vec<TenantView>),
+    ),
+)]
 async fn list_tenants(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
@@ -151,6 +177,18 @@ async fn list_tenants(
 }
 
 /// `GET /v1/tenant`: the caller's own tenant, with its quotas and usage.
+#[utoipa::path(
+    get,
+    path = "/v1/tenant",
+    tag = "tenants",
+    summary = "The caller's own tenant, with its quotas and usage",
+    security(("tenant_key" = [])),
+    responses(
+        crate::openapi::Refusals,
+        (status = 200, description = "The key's tenant", body = TenantView),
+        (status = 400, description = "`no_tenant`: the operator key belongs to no tenant", body = crate::error::ErrorBody),
+    ),
+)]
 async fn own_tenant(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
@@ -166,6 +204,20 @@ async fn own_tenant(
     Ok(Json(TenantView { tenant, usage }))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/tenants/{tenant}",
+    tag = "tenants",
+    summary = "A tenant, with its quotas and usage",
+    description = "A tenant's key sees only its own tenant: another one answers 404.",
+    params(("tenant" = String, Path, description = "The tenant's name")),
+    security(("tenant_key" = []), ("operator_key" = [])),
+    responses(
+        crate::openapi::Refusals,
+        (status = 200, description = "The tenant", body = TenantView),
+        (status = 404, description = "`not_found`: no such tenant (or not the key's)", body = crate::error::ErrorBody),
+    ),
+)]
 async fn get_tenant(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
@@ -176,6 +228,22 @@ async fn get_tenant(
     Ok(Json(TenantView { tenant, usage }))
 }
 
+#[utoipa::path(
+    put,
+    path = "/v1/tenants/{tenant}/quotas",
+    tag = "tenants",
+    summary = "Replace a tenant's quotas",
+    description = "Fields left out take the server's defaults.",
+    params(("tenant" = String, Path, description = "The tenant's name")),
+    security(("operator_key" = [])),
+    request_body = Quotas,
+    responses(
+        crate::openapi::OperatorRefusals,
+        (status = 200, description = "The tenant with its new quotas", body = Tenant),
+        (status = 400, description = "`bad_quotas`: not a quotas object", body = crate::error::ErrorBody),
+        (status = 404, description = "`not_found`: no such tenant", body = crate::error::ErrorBody),
+    ),
+)]
 async fn set_quotas(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
@@ -198,12 +266,15 @@ async fn set_quotas(
 }
 
 /// A key as listings show it: never the key, never its HMAC.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct KeyView {
+    /// Public: the key starts with `wasq_<id>_`.
     id: String,
     tenant: String,
     label: String,
+    #[schema(value_type = i64)]
     created_at: Millis,
+    #[schema(value_type = Option<i64>)]
     revoked_at: Option<Millis>,
     /// Only in the answer that created it: shown once, stored nowhere.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -223,13 +294,30 @@ impl From<ApiKey> for KeyView {
     }
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct NewKey {
+    /// At most 100 printable characters.
     #[serde(default)]
     label: String,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/tenants/{tenant}/keys",
+    tag = "keys",
+    summary = "Create an API key of a tenant",
+    description = "The answer's `key` is the only time the key is shown: only its HMAC is stored.",
+    params(("tenant" = String, Path, description = "The tenant's name")),
+    security(("tenant_key" = []), ("operator_key" = [])),
+    request_body(content = Option<NewKey>, description = "Optional: an empty body is no label"),
+    responses(
+        crate::openapi::Refusals,
+        (status = 201, description = "The key, with `key` set", body = KeyView),
+        (status = 400, description = "`bad_key`: a bad body or label", body = crate::error::ErrorBody),
+        (status = 404, description = "`not_found`: no such tenant (or not the key's)", body = crate::error::ErrorBody),
+    ),
+)]
 async fn create_key(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
@@ -276,6 +364,20 @@ pub(crate) async fn new_key(
     Ok((key, stored))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/tenants/{tenant}/keys",
+    tag = "keys",
+    summary = "A tenant's API keys",
+    description = "Ids and labels, oldest first, revoked ones included; never the keys.",
+    params(("tenant" = String, Path, description = "The tenant's name")),
+    security(("tenant_key" = []), ("operator_key" = [])),
+    responses(
+        crate::openapi::Refusals,
+        (status = 200, description = "The keys", body = Vec<KeyView>),
+        (status = 404, description = "`not_found`: no such tenant (or not the key's)", body = crate::error::ErrorBody),
+    ),
+)]
 async fn list_keys(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
@@ -286,6 +388,23 @@ async fn list_keys(
     Ok(Json(keys.into_iter().map(KeyView::from).collect()))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/tenants/{tenant}/keys/{id}/revoke",
+    tag = "keys",
+    summary = "Revoke an API key",
+    description = "At once on this server, within a second on every other one sharing the store. Revoking a revoked key changes nothing.",
+    params(
+        ("tenant" = String, Path, description = "The tenant's name"),
+        ("id" = String, Path, description = "The key's id"),
+    ),
+    security(("tenant_key" = []), ("operator_key" = [])),
+    responses(
+        crate::openapi::Refusals,
+        (status = 200, description = "The revoked key", body = KeyView),
+        (status = 404, description = "`not_found`: no such tenant or key", body = crate::error::ErrorBody),
+    ),
+)]
 async fn revoke_key(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,
@@ -307,13 +426,31 @@ async fn revoke_key(
     Ok(Json(key.into()))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct AuditParams {
+    /// Only this tenant's entries (a tenant's key: its own only).
     tenant: Option<String>,
+    /// Entries to list, 1-1000 (default 100).
     limit: Option<usize>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/audit",
+    tag = "audit",
+    summary = "The audit trail, newest first",
+    description = "Only actions that succeeded, once each. A tenant's key sees its own tenant's.",
+    params(AuditParams),
+    security(("tenant_key" = []), ("operator_key" = [])),
+    responses(
+        crate::openapi::Refusals,
+        (status = 200, description = "Entries, newest first", body = Vec<AuditEntry>),
+        (status = 400, description = "`bad_query`: a bad parameter", body = crate::error::ErrorBody),
+        (status = 404, description = "`not_found`: another tenant than the key's", body = crate::error::ErrorBody),
+    ),
+)]
 async fn audit_log(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,

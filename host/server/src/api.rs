@@ -1,21 +1,23 @@
 //! The HTTP API under `/v1`, plus `/healthz`. Reading runs, steps and logs (the answers
 //! that must stay bounded whatever a run stored) is in `read.rs`; cancels, retries and
-//! what a run id may be abbreviated to in `actions.rs`.
+//! what a run id may be abbreviated to in `actions.rs`. Every handler is described by its
+//! `#[utoipa::path]`, which `crate::openapi` gathers into the OpenAPI document (its test
+//! fails for a route without one): the handlers' modules are `pub(crate)` for that.
 
-mod actions;
-mod batch;
-mod deploy;
-mod runs;
-mod schedules;
-mod tenant_events;
-mod watch;
+pub(crate) mod actions;
+pub(crate) mod batch;
+pub(crate) mod deploy;
+pub(crate) mod runs;
+pub(crate) mod schedules;
+pub(crate) mod tenant_events;
+pub(crate) mod watch;
 
 pub use deploy::DeployParams;
 use deploy::*;
 use runs::*;
 use schedules::*;
 pub(crate) use watch::Streams;
-mod read;
+pub(crate) mod read;
 mod redeploy;
 
 use std::sync::Arc;
@@ -95,9 +97,14 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         ));
     Router::new()
         .route("/healthz", get(healthz))
+        // The OpenAPI document and its reference page: public, like /healthz.
+        .merge(crate::openapi::routes())
         .merge(authenticated)
+        .merge(crate::ui::routes())
         .fallback(|| async { ApiError::not_found("no such route") })
         .layer(axum::middleware::from_fn(close_after_refused_body))
+        // Each request's server span (telemetry.rs), outermost: it sees the route matched.
+        .layer(axum::middleware::from_fn(crate::telemetry::request_span))
         .with_state(app)
 }
 
@@ -125,6 +132,14 @@ async fn close_after_refused_body(
     resp
 }
 
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "meta",
+    summary = "Whether the server answers",
+    description = "No key needed.",
+    responses((status = 200, description = "It does", body = crate::openapi::Health)),
+)]
 async fn healthz() -> Json<serde_json::Value> {
     Json(serde_json::json!({ "status": "ok" }))
 }
@@ -140,6 +155,19 @@ fn check_name(name: &str) -> Result<(), ApiError> {
     wasq_core::names::check_function_name(name).map_err(|m| ApiError::bad_request("bad_name", m))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/functions/{name}",
+    tag = "functions",
+    summary = "A deployed function",
+    params(("name" = String, Path, description = "The function's name")),
+    security(("tenant_key" = [])),
+    responses(
+        crate::openapi::TenantRefusals,
+        (status = 200, description = "The function with its settings, events and schedule", body = Function),
+        (status = 404, description = "`not_found`: no function of this name", body = crate::error::ErrorBody),
+    ),
+)]
 async fn get_function(
     State(app): State<Arc<App>>,
     scope: TenantScope,
@@ -155,6 +183,17 @@ async fn function_or_404(app: &App, tenant: &str, name: &str) -> Result<Function
         .ok_or_else(|| ApiError::not_found(format!("function {name:?} not found")))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/functions",
+    tag = "functions",
+    summary = "Deployed functions",
+    security(("tenant_key" = [])),
+    responses(
+        crate::openapi::TenantRefusals,
+        (status = 200, description = "The tenant's functions, by name", body = Vec<Function>),
+    ),
+)]
 async fn list_functions(
     State(app): State<Arc<App>>,
     scope: TenantScope,

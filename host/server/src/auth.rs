@@ -204,31 +204,40 @@ pub(crate) async fn authenticate(
     else {
         return unauthorized("an API key is required: Authorization: Bearer KEY");
     };
-    let caller = if app.keyring.is_admin(key) {
-        Caller::Admin
-    } else {
-        let Some(id) = key_id(key) else {
-            return unauthorized("the API key is malformed");
-        };
-        let stored = match app.keys.get(&app, id).await {
-            Ok(k) => k,
-            Err(e) => return ApiError::from(e).into_response(),
-        };
-        match stored {
-            Some(k) if app.keyring.matches(key, &k.hmac) => {
-                if k.revoked_at.is_some() {
-                    return unauthorized("the API key was revoked");
-                }
-                Caller::Tenant {
-                    tenant: k.tenant,
-                    key_id: k.id,
-                }
-            }
-            _ => return unauthorized("the API key is not valid"),
-        }
+    let caller = match caller_for_key(&app, key).await {
+        Ok(c) => c,
+        Err(resp) => return resp,
     };
     req.extensions_mut().insert(caller);
     next.run(req).await
+}
+
+/// Who `key` is (the API's bearer key, or the dashboard's session cookie): the operator,
+/// or a tenant through a key that is neither unknown nor revoked; else the 401 to answer.
+pub(crate) async fn caller_for_key(app: &App, key: &str) -> Result<Caller, Response> {
+    if app.keyring.is_admin(key) {
+        return Ok(Caller::Admin);
+    }
+    let Some(id) = key_id(key) else {
+        return Err(unauthorized("the API key is malformed"));
+    };
+    let stored = app
+        .keys
+        .get(app, id)
+        .await
+        .map_err(|e| ApiError::from(e).into_response())?;
+    match stored {
+        Some(k) if app.keyring.matches(key, &k.hmac) => {
+            if k.revoked_at.is_some() {
+                return Err(unauthorized("the API key was revoked"));
+            }
+            Ok(Caller::Tenant {
+                tenant: k.tenant,
+                key_id: k.id,
+            })
+        }
+        _ => Err(unauthorized("the API key is not valid")),
+    }
 }
 
 /// The tenant a tenant route acts for: the caller's, from its key. The operator key is

@@ -119,9 +119,29 @@ impl From<StoreError> for ApiError {
     }
 }
 
+/// The body of every error answer, as the OpenAPI document describes it.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct ErrorBody {
+    pub(crate) error: ErrorDetail,
+}
+
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct ErrorDetail {
+    /// What went wrong, for programs: `not_found`, `bad_query`, `quota_exceeded`, ...
+    #[schema(example = "not_found")]
+    pub(crate) code: &'static str,
+    /// The same in words, for people.
+    pub(crate) message: String,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({ "error": { "code": self.code, "message": self.message } });
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code,
+                message: self.message,
+            },
+        };
         let mut resp = (self.status, Json(body)).into_response();
         if let Some(ms) = self.retry_after_ms {
             let secs = ms.div_ceil(1000).max(1);

@@ -23,8 +23,11 @@ mod guard;
 mod metrics;
 mod notify;
 mod on_failure;
+mod openapi;
 mod schedule;
 mod serve;
+mod telemetry;
+mod ui;
 mod worker;
 
 #[cfg(test)]

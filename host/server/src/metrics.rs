@@ -131,6 +131,19 @@ impl Metrics {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "meta",
+    operation_id = "metrics",
+    summary = "Prometheus metrics",
+    description = "Per-tenant usage and load read from the store, and this process's attempts, errors, durations, retries and worker slots (the README's `/metrics` row names them all).",
+    security(("operator_key" = [])),
+    responses(
+        crate::openapi::OperatorRefusals,
+        (status = 200, description = "Prometheus text exposition format", body = String, content_type = "text/plain; version=0.0.4"),
+    ),
+)]
 pub(crate) async fn scrape(
     State(app): State<Arc<App>>,
     Extension(caller): Extension<Caller>,

@@ -24,9 +24,12 @@ pub(crate) async fn after_end(app: &App, tenant: &str, id: &str, status: RunStat
             return;
         }
     };
-    let Some(req) = lifecycle::failure_handler(&detail) else {
+    let Some(mut req) = lifecycle::failure_handler(&detail) else {
         return;
     };
+    // The span that saw the end (the worker's finish, the API's cancel) when spans are
+    // exported; else the dead run's own context.
+    req.trace = crate::telemetry::current_or(|| req.trace.take());
     let handler = req.function.clone();
     match app.store.enqueue(req).await {
         Ok(e) if e.created => {

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 use wasq_core::clock::Millis;
 use wasq_core::*;
 
@@ -389,6 +390,8 @@ async fn fire(
     let when = chrono::DateTime::from_timestamp_millis(tick)
         .unwrap_or_default()
         .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    // Each tick starts a trace of its own, which its run's attempts continue.
+    let span = tracing::debug_span!("cron.tick", tenant, function, cron = %expr, at = %when);
     let enqueued = app
         .store
         .enqueue(EnqueueRequest {
@@ -403,7 +406,9 @@ async fn fire(
             retry: None,
             parent: None,
             priority: None,
+            trace: crate::telemetry::of_span(&span),
         })
+        .instrument(span)
         .await?;
     if enqueued.created {
         tracing::info!(tenant, function, cron = %expr, at = %when, "cron tick");

@@ -226,6 +226,11 @@ pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
                 .insert(c.run.id.clone(), held.clone());
             let (app, hard_stop, finisher) = (app.clone(), hard_stop.clone(), finisher.clone());
             let span = tracing::info_span!("attempt", run = %c.run.id, function = %c.run.function, attempt = c.run.attempt);
+            // Every execution continues the trace of what created the run, in whatever
+            // process that was (telemetry.rs).
+            if let Some(parent) = &c.run.trace {
+                crate::telemetry::continue_from(&span, parent);
+            }
             attempts.spawn(async move {
                 let id = c.run.id.clone();
                 attempt(&app, &finisher, c, held, &hard_stop)

@@ -98,8 +98,10 @@ pub(crate) fn runs(st: &State, q: &RunQuery) -> Vec<Run> {
     } else {
         Box::new(space.runs.keys().rev())
     };
-    ids.filter_map(|id| space.runs.get(id))
+    ids.filter(|id| q.before.as_ref().is_none_or(|b| *id < b))
+        .filter_map(|id| space.runs.get(id))
         .map(|e| &e.run)
+        .take_while(|r| q.since.is_none_or(|t| r.created_at >= t))
         .filter(|r| q.function.as_ref().is_none_or(|f| *f == r.function))
         .filter(|r| q.status.is_none_or(|s| s == r.status))
         .filter(|r| {

@@ -270,6 +270,7 @@ fn payload(r: &Run) -> usize {
         + r.settings.allow_hosts.iter().map(String::len).sum::<usize>()
         + exprs.into_iter().flatten().map(|k| k.as_str().len()).sum::<usize>()
         + keys.into_iter().map(text).sum::<usize>()
+        + r.trace.as_ref().map_or(0, |t| t.as_str().len())
 }
 
 /// What one execution costs (with its error, once it ended with one).

@@ -134,6 +134,7 @@ pub(crate) fn send_event(
             retry: None,
             parent: None,
             priority: None,
+            trace: req.trace.clone(),
         };
         let prepared = admission::prepare(st, now, start)?;
         if let Prepared::New(new) = &prepared {

@@ -343,7 +343,7 @@ pub(crate) fn flow_args(
 /// `EnqueueRequest::into_run`) with what only the script knew of it (`made`: status,
 /// due_at, digest, max_attempts, sbytes), the same fields `decode` would read back.
 /// What the enqueue scripts take of each run's request, in their order: due ('' = now),
-/// idempotency key or '', retry override JSON or '', its max_attempts.
+/// idempotency key or '', retry override JSON or '', its max_attempts, trace context or ''.
 fn per_run_args(args: Args, req: &EnqueueRequest, now: i64) -> Result<Args, StoreError> {
     Ok(args
         .opt_n(req.due_at.map(|_| req.start_at(now)))
@@ -352,7 +352,8 @@ fn per_run_args(args: Args, req: &EnqueueRequest, now: i64) -> Result<Args, Stor
             Some(r) => to_json(r)?,
             None => Vec::new(),
         })
-        .opt_n(req.retry.map(|r| r.max_attempts)))
+        .opt_n(req.retry.map(|r| r.max_attempts))
+        .s(req.trace.as_ref().map_or("", |t| t.as_str())))
 }
 
 fn new_run(

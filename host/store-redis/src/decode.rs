@@ -129,6 +129,7 @@ run_fields! {
     SBYTES = "sbytes",
     LBYTES = "lbytes",
     SV = "sv",
+    TRACE = "trace",
     OUTPUT = "output",
 }
 
@@ -299,6 +300,10 @@ impl RunFields {
             finished_at: self.opt_num(Field::FINISHED_AT)?,
             stored_bytes: self.opt_num::<i64>(Field::SBYTES)?.unwrap_or(0).max(0) as u64,
             log_bytes: self.opt_num::<i64>(Field::LBYTES)?.unwrap_or(0).max(0) as u64,
+            // Written only as a parsed TraceParent; anything else reads as none.
+            trace: self
+                .opt_text(Field::TRACE)?
+                .and_then(|t| TraceParent::parse(&t).ok()),
         })
     }
 

@@ -25,7 +25,8 @@ impl RedisStore {
                 .s(&id)
                 .s(&req.name)
                 .s(&data)
-                .b(resolution.clone());
+                .b(resolution.clone())
+                .s(req.trace.as_ref().map_or("", |t| t.as_str()));
             match &matched {
                 Some((version, pairs)) => {
                     args = args.s(version).n(pairs.len());

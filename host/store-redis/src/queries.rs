@@ -149,16 +149,27 @@ impl RedisStore {
             let smallest = (0..sizes.len()).min_by_key(|&i| sizes[i]).unwrap_or(0);
             indexes.swap_remove(smallest + 1)
         };
+        // Index scores are creation times, and an id starts with its own: `before` and
+        // `since` bound the scores read; ids of `before`'s millisecond are filtered here.
+        let max = q.before.as_deref().map_or_else(
+            || "+inf".to_owned(),
+            |b| {
+                let time: String = b.chars().take(13).collect();
+                wasq_core::ids::prefix_window(&time).0.to_string()
+            },
+        );
+        let min = q.since.map_or_else(|| "-inf".to_owned(), |t| t.to_string());
         let mut out = Vec::new();
         let mut start = 0usize;
         loop {
-            let args = Args::new().s(&index).n(start).n(start + page - 1);
+            let args = Args::new().s(&index).n(start).n(page).s(&max).s(&min);
             let (_, rest) = self.script(&scripts::LIST, &q.tenant, args).await?;
             let mut rest = rest.into_iter();
             let scanned = int(rest.next().ok_or_else(|| corrupt("short list reply"))?)? as usize;
             for v in array(rest.next().unwrap_or(Value::Nil))? {
                 let run = self.run_from(&q.tenant, v, None).await?;
-                let keep = q.function.as_ref().is_none_or(|f| *f == run.function)
+                let keep = q.before.as_ref().is_none_or(|b| run.id < *b)
+                    && q.function.as_ref().is_none_or(|f| *f == run.function)
                     && q.status.is_none_or(|s| s == run.status)
                     && q.parent
                         .as_ref()

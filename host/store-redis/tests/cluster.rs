@@ -52,6 +52,7 @@ async fn tenants_spread_over_masters_and_all_runs_complete() {
                     retry: None,
                     parent: None,
                     priority: None,
+                    trace: None,
                 })
                 .await
                 .expect("enqueue")

@@ -58,6 +58,7 @@ async fn enqueue(store: &RedisStore, input: &[u8]) -> Run {
             retry: None,
             parent: None,
             priority: None,
+            trace: None,
         })
         .await
         .expect("enqueue")
@@ -304,6 +305,7 @@ async fn the_run_an_enqueue_returns_is_the_run_stored() {
             }),
             parent: Some(parent.id.clone()),
             priority: Some(-2),
+            trace: TraceParent::new(0x4bf92f3577b34da6a3ce929d0e0e4736, 0xf067aa0ba902b7, true),
         },
         EnqueueRequest {
             tenant: "t".into(),
@@ -315,6 +317,7 @@ async fn the_run_an_enqueue_returns_is_the_run_stored() {
             retry: None,
             parent: None,
             priority: None,
+            trace: None,
         },
     ];
     for req in requests {

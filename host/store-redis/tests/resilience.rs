@@ -49,6 +49,7 @@ fn request(tenant: &str, due_at: Option<i64>) -> EnqueueRequest {
         retry: None,
         parent: None,
         priority: None,
+        trace: None,
     }
 }
 

@@ -46,6 +46,7 @@ async fn measure(url: &str, label: &str) {
                         retry: None,
                         parent: None,
                         priority: None,
+                        trace: None,
                     })
                     .await
                     .unwrap();

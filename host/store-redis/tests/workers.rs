@@ -105,6 +105,7 @@ async fn many_workers(url: &str) {
                 retry: None,
                 parent: None,
                 priority: None,
+                trace: None,
             })
             .await
             .unwrap()

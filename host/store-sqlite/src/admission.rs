@@ -189,16 +189,17 @@ impl NewRun<'_> {
             + settings.len()
             + 2 * req.idempotency_key.as_ref().map_or(0, String::len)
             + keys.as_ref().map_or(0, String::len)
-            + error.as_ref().map_or(0, String::len);
+            + error.as_ref().map_or(0, String::len)
+            + req.trace.as_ref().map_or(0, |t| t.as_str().len());
         let cost = storage::COST.run(payload);
         storage::check_run_keeping(tx, &req.tenant, self.id, 0, cost)?;
         tx.exec(
             "INSERT INTO runs (id, tenant, function, digest, settings, status, input, trigger,
                  created_at, updated_at, due_at, idempotency_key, parent, error, finished_at,
                  priority, rank_offset, rank, promoted, cgate, climit, tgate, tlimit, tperiod,
-                 dgate, flow_keys, stored_bytes, queue)
+                 dgate, flow_keys, stored_bytes, queue, trace)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?9, ?10, ?11, ?12, ?13, ?14,
-                 ?15, ?16, ?10 + ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26)",
+                 ?15, ?16, ?10 + ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)",
             params![
                 self.id,
                 req.tenant,
@@ -226,6 +227,7 @@ impl NewRun<'_> {
                 keys,
                 cost as i64,
                 queue,
+                req.trace.as_ref().map(|t| t.as_str()),
             ],
         )
         .map_err(internal)?;

@@ -506,12 +506,21 @@ impl Runs for SqliteStore {
                     "SELECT {RUN_COLUMNS} FROM runs
                      WHERE tenant = ?1 AND (?2 IS NULL OR function = ?2) AND (?3 IS NULL OR status = ?3)
                          AND (?5 IS NULL OR parent = ?5)
+                         AND (?6 IS NULL OR id < ?6) AND (?7 IS NULL OR created_at >= ?7)
                      ORDER BY created_at DESC, id DESC LIMIT ?4"
                 ))
                 .map_err(internal)?;
             let rows = stmt
                 .query_map(
-                    params![q.tenant, q.function, q.status.map(|s| s.as_str()), q.limit as i64, q.parent],
+                    params![
+                        q.tenant,
+                        q.function,
+                        q.status.map(|s| s.as_str()),
+                        q.limit as i64,
+                        q.parent,
+                        q.before,
+                        q.since
+                    ],
                     run_from_row,
                 )
                 .map_err(internal)?;

@@ -5,7 +5,7 @@ use super::*;
 
 pub(crate) const RUN_COLUMNS: &str = "id, tenant, function, digest, settings, status, input, output, error, \
      attempt, trigger, progress, created_at, updated_at, due_at, finished_at, idempotency_key, \
-     parent, wait, priority, flow_keys, stored_bytes, log_bytes";
+     parent, wait, priority, flow_keys, stored_bytes, log_bytes, trace";
 
 pub(crate) fn internal(e: rusqlite::Error) -> StoreError {
     match e {
@@ -69,6 +69,10 @@ pub(crate) fn run_from_row(row: &Row<'_>) -> rusqlite::Result<Run> {
         keys: opt_json(row.get(20)?)?.unwrap_or_default(),
         stored_bytes: row.get::<_, i64>(21)?.max(0) as u64,
         log_bytes: row.get::<_, i64>(22)?.max(0) as u64,
+        // Written only as a parsed TraceParent; anything else reads as none.
+        trace: row
+            .get::<_, Option<String>>(23)?
+            .and_then(|t| TraceParent::parse(&t).ok()),
     })
 }
 

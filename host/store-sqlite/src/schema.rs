@@ -159,6 +159,10 @@ pub(crate) const STORAGE_COLUMNS: &[(&str, &str)] = &[
     ("logs_cut", "INTEGER NOT NULL DEFAULT 0"),
 ];
 
+/// Trace context (`wasq_core::trace`), added to `runs` on old files too: the `traceparent`
+/// of what created the run, charged with the run like its trigger.
+pub(crate) const TRACE_COLUMNS: &[(&str, &str)] = &[("trace", "TEXT")];
+
 /// The run's columns that change after it was created (its latest error, its pinned
 /// settings on a manual retry, its progress and wait) are charged by a trigger, whatever
 /// statement changes them: the difference in bytes goes to the run and its tenant (see
@@ -260,7 +264,11 @@ pub(crate) fn migrate(conn: &Connection) -> Result<(), StoreError> {
         let rows = stmt.query_map([], |r| r.get(0)).map_err(internal)?;
         rows.collect::<Result<_, _>>().map_err(internal)?
     };
-    for (name, decl) in FLOW_COLUMNS.iter().chain(STORAGE_COLUMNS) {
+    for (name, decl) in FLOW_COLUMNS
+        .iter()
+        .chain(STORAGE_COLUMNS)
+        .chain(TRACE_COLUMNS)
+    {
         if !have.iter().any(|h| h == name) {
             conn.execute_batch(&format!("ALTER TABLE runs ADD COLUMN {name} {decl}"))
                 .map_err(internal)?;

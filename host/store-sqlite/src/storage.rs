@@ -173,6 +173,7 @@ pub(crate) fn recount(conn: &Connection) -> Result<(), StoreError> {
                  + length(CAST(settings AS BLOB))
                  + 2 * COALESCE(length(CAST(idempotency_key AS BLOB)), 0)
                  + COALESCE(length(CAST(flow_keys AS BLOB)), 0)
+                 + COALESCE(length(CAST(trace AS BLOB)), 0)
                  + COALESCE(length(output), 0) + COALESCE(length(CAST(error AS BLOB)), 0)
                  + COALESCE(length(CAST(progress AS BLOB)), 0)
                  + COALESCE(length(CAST(wait AS BLOB)), 0)
@@ -496,6 +497,7 @@ mod tests {
                     name: name.into(),
                     data: json!({ "größe": 1 }),
                     id: Some(id.into()),
+                    trace: None,
                 })
                 .await
                 .unwrap();

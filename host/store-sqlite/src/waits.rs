@@ -182,6 +182,7 @@ pub(crate) fn send_event(
                 retry: None,
                 parent: None,
                 priority: None,
+                trace: req.trace.clone(),
             },
             None,
         )?;

@@ -45,6 +45,7 @@ async fn unreferenced_components_and_old_event_ids_are_collected() {
             name: "nobody.listens".into(),
             data: serde_json::json!({}),
             id: Some("e1".into()),
+            trace: None,
         })
         .await
         .unwrap();
@@ -83,6 +84,7 @@ async fn unreferenced_components_and_old_event_ids_are_collected() {
             name: "nobody.listens".into(),
             data: serde_json::json!({}),
             id: Some("e1".into()),
+            trace: None,
         })
         .await
         .unwrap();

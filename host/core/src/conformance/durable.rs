@@ -303,6 +303,7 @@ pub(super) async fn wait_run(store: impl Store, clock: ManualClock) {
             retry: None,
             parent: Some(parent.id.clone()),
             priority: None,
+            trace: None,
         })
         .await
         .unwrap()

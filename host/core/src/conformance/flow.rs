@@ -352,6 +352,7 @@ pub(super) async fn max_queued(store: impl Store + Directory, _clock: ManualCloc
             name: "f.go".into(),
             data: json!({}),
             id: Some("e1".into()),
+            trace: None,
         })
         .await;
     assert!(
@@ -399,6 +400,7 @@ pub(super) async fn max_queued(store: impl Store + Directory, _clock: ManualCloc
             name: "f.go".into(),
             data: json!({}),
             id: Some("e1".into()),
+            trace: None,
         })
         .await;
     assert!(sent.is_err(), "still full");

@@ -34,6 +34,76 @@ pub(super) async fn listing(store: impl Store, clock: ManualClock) {
     let mut q = query(None, None);
     q.limit = 2;
     assert_eq!(store.runs(q).await.unwrap().len(), 2);
+    // Pages and time ranges: `before` a page's last id, `since` a creation time, with
+    // and without a filter that picks another index.
+    let listed = |q: RunQuery| {
+        let store = &store;
+        async move {
+            let runs = store.runs(q).await.unwrap();
+            runs.into_iter().map(|r| r.id).collect::<Vec<_>>()
+        }
+    };
+    let created = |i: usize| {
+        let store = &store;
+        let id = ids[i].clone();
+        async move {
+            store
+                .run(DEFAULT_TENANT, &id)
+                .await
+                .unwrap()
+                .unwrap()
+                .run
+                .created_at
+        }
+    };
+    let page = |function: Option<&str>, before: Option<String>, since, limit| RunQuery {
+        before,
+        since,
+        limit,
+        ..query(function, None)
+    };
+    assert_eq!(
+        listed(page(None, Some(ids[3].clone()), None, 100)).await,
+        [ids[2].clone(), ids[1].clone(), ids[0].clone()],
+        "before a page's last id"
+    );
+    assert_eq!(
+        listed(page(None, Some(ids[3].clone()), None, 2)).await,
+        [ids[2].clone(), ids[1].clone()]
+    );
+    assert_eq!(
+        listed(page(Some("f"), Some(ids[4].clone()), None, 100)).await,
+        [ids[2].clone(), ids[0].clone()],
+        "before, with a function"
+    );
+    let since = created(1).await;
+    assert_eq!(
+        listed(page(None, None, Some(since), 100)).await,
+        [
+            ids[4].clone(),
+            ids[3].clone(),
+            ids[2].clone(),
+            ids[1].clone()
+        ],
+        "since a creation time"
+    );
+    let until = crate::ids::time_floor(created(3).await);
+    assert_eq!(
+        listed(page(Some("g"), Some(until.clone()), Some(since), 100)).await,
+        [ids[1].clone()],
+        "a time range, with a function"
+    );
+    assert_eq!(
+        listed(page(None, Some(until), Some(since), 100)).await,
+        [ids[2].clone(), ids[1].clone()],
+        "a time range"
+    );
+    assert!(
+        listed(page(None, Some(ids[0].clone()), None, 100))
+            .await
+            .is_empty(),
+        "nothing before the first"
+    );
     let c = claim(&store, "w", 1).await.remove(0);
     let running = store
         .runs(query(None, Some(RunStatus::Running)))
@@ -118,6 +188,7 @@ pub(super) async fn idempotency(store: impl Store, clock: ManualClock) {
         retry: None,
         parent: None,
         priority: None,
+        trace: None,
     };
     let first = store.enqueue(req("f", "k1")).await.unwrap();
     assert!(first.created);
@@ -152,6 +223,7 @@ pub(super) async fn retry_override(store: impl Store, _clock: ManualClock) {
             retry: Some(policy),
             parent: None,
             priority: None,
+            trace: None,
         })
         .await
         .unwrap()

@@ -66,6 +66,7 @@ pub(super) async fn enqueue_unknown(store: impl Store, _clock: ManualClock) {
             retry: None,
             parent: None,
             priority: None,
+            trace: None,
         })
         .await
         .expect_err("no such function");
@@ -120,6 +121,7 @@ pub(super) async fn claim_order(store: impl Store, clock: ManualClock) {
             retry: None,
             parent: None,
             priority: None,
+            trace: None,
         })
         .await
         .unwrap()

@@ -111,6 +111,7 @@ pub(super) async fn usage_is_exact(store: impl Store + Directory, clock: ManualC
             name: "nothing.listens".into(),
             data: json!({ "big": "y".repeat(1000) }),
             id: Some("e1".into()),
+            trace: None,
         })
         .await
         .unwrap();
@@ -269,6 +270,7 @@ pub(super) async fn tenant_quota(store: impl Store + Directory, _clock: ManualCl
             name: "f.go".into(),
             data: json!({ "pad": "e".repeat(2000) }),
             id: None,
+            trace: None,
         })
         .await;
     assert!(
@@ -475,6 +477,7 @@ pub(super) async fn purge(store: impl Store, clock: ManualClock) {
             retry: None,
             parent: Some(queued.id.clone()),
             priority: None,
+            trace: None,
         })
         .await
         .unwrap()

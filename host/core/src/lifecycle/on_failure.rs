@@ -49,5 +49,8 @@ pub fn failure_handler(dead: &RunDetail) -> Option<EnqueueRequest> {
         retry: None,
         parent: Some(run.id.clone()),
         priority: None,
+        // The handler continues the dead run's trace (the server puts the span that saw
+        // the end in its place when it has one).
+        trace: run.trace.clone(),
     })
 }

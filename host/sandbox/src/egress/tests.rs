@@ -351,6 +351,7 @@ fn guard(allow: &[&str], loopback: bool, config: EgressConfig) -> (Guard, Arc<Li
         allow_hosts: &allow,
         config: &config,
         allow_loopback: loopback,
+        traceparent: None,
         deadline: Instant::now() + Duration::from_secs(30),
         logs: Arc::new(LogSink::new(
             lines.clone(),

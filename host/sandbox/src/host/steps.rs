@@ -2,6 +2,9 @@
 //! the claim), sleeps, waits for events and runs, child runs and events. Each checks the
 //! attempt still owns its run before the effect.
 
+use tracing::Instrument;
+use wasq_core::text::escape_line;
+
 use super::*;
 
 /// Step names are stored with every step and shown in UIs.
@@ -125,14 +128,22 @@ impl step::Host for State {
         match self.stored_output(&name, occurrence).await? {
             Some(output) => Ok(Some(output)),
             None => {
-                self.pending.insert(name, occurrence);
+                // From here until its output is stored: the body runs in the guest in
+                // between. A child of the attempt's span; at debug level, so a daemon
+                // that neither exports spans nor logs at debug makes none.
+                let span = tracing::debug_span!(
+                    "step",
+                    step.name = %escape_line(&name, MAX_STEP_NAME_BYTES),
+                    step.occurrence = occurrence,
+                );
+                self.pending.insert(name, (occurrence, span));
                 Ok(None)
             }
         }
     }
 
     async fn complete(&mut self, name: String, output: Vec<u8>) -> wasmtime::Result<()> {
-        let Some(occurrence) = self.pending.remove(&name) else {
+        let Some((occurrence, span)) = self.pending.remove(&name) else {
             return Err(guest_error(format!(
                 "step.complete({name:?}) called without step.begin"
             )));
@@ -146,7 +157,9 @@ impl step::Host for State {
         }
         // The guest must not continue past a step whose output is not durable: a crash
         // right after would replay the step's side effects.
-        store_step(&self.journal, &name, occurrence, &output).await
+        store_step(&self.journal, &name, occurrence, &output)
+            .instrument(span)
+            .await
     }
 
     async fn sleep(&mut self, name: String, millis: u64) -> wasmtime::Result<()> {

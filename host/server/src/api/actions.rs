@@ -50,7 +50,8 @@ pub(super) async fn resolve(app: &App, tenant: &str, raw: &str) -> Result<String
     }
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(super) struct CancelParams {
     /// Also cancel the run's children, and theirs.
@@ -58,6 +59,22 @@ pub(super) struct CancelParams {
     cascade: bool,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/runs/{id}/cancel",
+    tag = "runs",
+    summary = "Cancel a run",
+    description = "At once when queued, sleeping or waiting; a running attempt is interrupted. The run's `error` becomes `{\"reason\": \"cancelled\", \"message\": \"by key:ID\"}` and its log says who cancelled it.",
+    params(("id" = String, Path, description = "A run id, or a unique prefix of one (hex digits and dashes, any case)"), CancelParams),
+    security(("tenant_key" = [])),
+    responses(
+        crate::openapi::TenantRefusals,
+        (status = 200, description = "The cancelled run", body = Run),
+        (status = 400, description = "`ambiguous_id`: the prefix starts several run ids", body = crate::error::ErrorBody),
+        (status = 404, description = "`not_found`: no run id starts with it", body = crate::error::ErrorBody),
+        (status = 409, description = "`conflict`: the run already ended", body = crate::error::ErrorBody),
+    ),
+)]
 pub(super) async fn cancel_run(
     State(app): State<Arc<App>>,
     scope: TenantScope,
@@ -113,6 +130,24 @@ async fn cancel_one(app: &App, action: RunAction) -> Result<Run, ApiError> {
     Ok(run)
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/runs/{id}/retry",
+    tag = "runs",
+    summary = "Retry a failed or cancelled run",
+    description = "Queues it again with a fresh budget of attempts; completed steps are kept. Its log says who retried it.",
+    params(("id" = String, Path, description = "A run id, or a unique prefix of one (hex digits and dashes, any case)")),
+    security(("tenant_key" = [])),
+    responses(
+        crate::openapi::TenantRefusals,
+        (status = 200, description = "The run, queued again", body = Run),
+        (status = 400, description = "`ambiguous_id`: the prefix starts several run ids", body = crate::error::ErrorBody),
+        (status = 404, description = "`not_found`: no run id starts with it", body = crate::error::ErrorBody),
+        (status = 409, description = "`conflict`: the run is not failed or cancelled", body = crate::error::ErrorBody),
+        (status = 429, description = "`quota_exceeded`: the tenant has `max_queued` runs queued (see `Retry-After`)", body = crate::error::ErrorBody),
+        (status = 503, description = "`store_full`: the store guard refuses new work; or `unavailable`: the store is unreachable", body = crate::error::ErrorBody),
+    ),
+)]
 pub(super) async fn retry_run(
     State(app): State<Arc<App>>,
     scope: TenantScope,

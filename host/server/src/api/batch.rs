@@ -32,18 +32,20 @@ pub(crate) async fn refuse_declared_oversize(
     next.run(req).await
 }
 
-#[derive(Debug, Deserialize)]
+/// Up to 1,000 runs of one function.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct Batch {
     runs: Vec<BatchRun>,
 }
 
 /// One run of a batch: what a single create takes as its body, header and query.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct BatchRun {
     /// The run's input (default `{}`).
     input: Option<serde_json::Value>,
+    /// As the `Idempotency-Key` header of a single create.
     idempotency_key: Option<String>,
     /// As `?delay=` of a single create.
     delay: Option<String>,
@@ -52,10 +54,32 @@ struct BatchRun {
     priority: Option<i32>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/functions/{name}/runs:batch",
+    tag = "runs",
+    summary = "Start up to 1,000 runs of a function at once",
+    description = "All or nothing, in one store call; every run counts against `max_queued`.",
+    params(("name" = String, Path, description = "The function's name")),
+    security(("tenant_key" = [])),
+    request_body = Batch,
+    responses(
+        crate::openapi::TenantRefusals,
+        (status = 200, description = "None was created: every idempotency key was seen before", body = crate::openapi::BatchCreated),
+        (status = 201, description = "The runs, in order", body = crate::openapi::BatchCreated),
+        (status = 400, description = "`bad_batch` (0 or over 1,000 runs), `bad_input` (not that shape), `bad_name`, or a single create's code for a bad field, naming the run (`runs[3]: ...`)", body = crate::error::ErrorBody),
+        (status = 404, description = "`not_found`: no function of this name", body = crate::error::ErrorBody),
+        (status = 413, description = "`too_large`: over 8 MiB of body", body = crate::error::ErrorBody),
+        (status = 429, description = "`quota_exceeded`: the batch does not fit under `max_queued`; none is created (see `Retry-After`)", body = crate::error::ErrorBody),
+        (status = 503, description = "`store_full`: the store guard refuses new work; or `unavailable`: the store is unreachable", body = crate::error::ErrorBody),
+        (status = 507, description = "`storage_quota`: the tenant is at its `max_stored_bytes`", body = crate::error::ErrorBody),
+    ),
+)]
 pub(crate) async fn create_runs(
     State(app): State<Arc<App>>,
     scope: TenantScope,
     Path(name): Path<String>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     check_name(&name)?;
@@ -83,6 +107,8 @@ pub(crate) async fn create_runs(
         ));
     }
     let now = app.now();
+    // Every run of the batch continues the request's trace.
+    let trace = crate::telemetry::current_or(|| crate::telemetry::incoming(&headers));
     let reqs = batch
         .runs
         .into_iter()
@@ -121,6 +147,7 @@ pub(crate) async fn create_runs(
                 retry: None,
                 parent: None,
                 priority: run.priority,
+                trace: trace.clone(),
             })
         })
         .collect::<Result<Vec<_>, ApiError>>()?;

@@ -6,14 +6,21 @@ use super::*;
 
 /// Deploy settings, all optional; query parameters of `PUT /v1/functions/{name}`. A
 /// redeploy keeps what is not given (see `redeploy`).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct DeployParams {
+    /// Wall-clock limit of one attempt, in ms.
     pub timeout_ms: Option<u64>,
+    /// Fuel (roughly, wasm instructions) one attempt may burn.
     pub fuel: Option<u64>,
+    /// Linear memory one attempt may grow to.
     pub memory_bytes: Option<u64>,
+    /// Attempts in all, the first included.
     pub max_attempts: Option<u32>,
+    /// Delay before the second attempt, in ms.
     pub initial_backoff_ms: Option<u64>,
+    /// The longest delay between attempts, in ms.
     pub max_backoff_ms: Option<u64>,
     /// `exponential` (default) or `fixed`.
     pub backoff: Option<Backoff>,
@@ -230,6 +237,24 @@ impl DeployParams {
     }
 }
 
+#[utoipa::path(
+    put,
+    path = "/v1/functions/{name}",
+    tag = "functions",
+    summary = "Deploy a component as a function",
+    description = "The body is the component's bytes. A redeploy keeps the function's settings, events and schedule except those given (`reset_settings=true` starts from the defaults) and answers 200 with what changed; a first deploy answers 201. The component is validated and compiled under limits before anything is stored.",
+    params(("name" = String, Path, description = "The function's name: 1-64 letters, digits, `-`, `_`, `.`"), DeployParams),
+    security(("tenant_key" = [])),
+    request_body(content = inline(crate::openapi::Component), content_type = "application/wasm", description = "A WebAssembly component of the `wasq:task` world"),
+    responses(
+        crate::openapi::TenantRefusals,
+        (status = 200, description = "Replaced: the function and what changed", body = crate::openapi::Redeployed),
+        (status = 201, description = "Created", body = Function),
+        (status = 400, description = "`bad_component` (not a component, unsupported features or imports, did not compile within bounds), `bad_settings`, `bad_schedule`, `bad_name`, `bad_event`, `bad_query`, `quota_exceeded` (over the tenant's fuel or memory ceiling)", body = crate::error::ErrorBody),
+        (status = 413, description = "`too_large`: over the upload limit (or the tenant's `max_component_bytes`)", body = crate::error::ErrorBody),
+        (status = 503, description = "`busy` (too many uploads at once), `store_full` or `unavailable`", body = crate::error::ErrorBody),
+    ),
+)]
 pub(crate) async fn deploy(
     State(app): State<Arc<App>>,
     scope: TenantScope,

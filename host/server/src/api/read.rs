@@ -26,14 +26,38 @@ use crate::App;
 use crate::auth::TenantScope;
 use crate::error::ApiError;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ListParams {
+    /// Only this function's runs.
     function: Option<String>,
-    /// Only the children of this run.
+    /// Only the children of this run (a unique prefix of its id will do).
     parent: Option<String>,
+    /// Only runs in this status (`queued`, `running`, ..., `skipped`).
     status: Option<String>,
+    /// Runs to list, 1-1000 (default 50).
     limit: Option<usize>,
+    /// Only runs listed after this one (the last id of the previous page): older ones.
+    before: Option<String>,
+    /// Only runs created at or after this time (RFC 3339).
+    since: Option<String>,
+    /// Only runs created before this time (RFC 3339).
+    until: Option<String>,
+}
+
+fn parse_time(name: &str, value: &str) -> Result<wasq_core::clock::Millis, ApiError> {
+    chrono::DateTime::parse_from_rfc3339(value)
+        .map(|t| t.timestamp_millis())
+        .map_err(|e| {
+            ApiError::bad_request(
+                "bad_query",
+                format!(
+                    "{name} must be an RFC 3339 time such as 2026-12-24T18:00:00Z, got {}: {e}",
+                    names::quoted(value)
+                ),
+            )
+        })
 }
 
 /// Inputs and outputs up to this size are listed whole; bigger ones are left out.
@@ -43,10 +67,11 @@ const LISTED_ERROR_BYTES: usize = 4 << 10;
 
 /// A run as a listing shows it: big inputs and outputs left out (read the run for them),
 /// with their sizes.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(super) struct Listed {
     #[serde(flatten)]
     run: Run,
+    /// Set when the input was over 4 KiB and is left out (`null`): its size.
     #[serde(skip_serializing_if = "Option::is_none")]
     input_omitted_bytes: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -83,6 +108,21 @@ impl Listed {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/runs",
+    tag = "runs",
+    summary = "Runs, newest first",
+    description = "An input or output over 4 KiB is left out (`null`, with `input_omitted_bytes` / `output_omitted_bytes`); error messages are cut at 4 KiB.",
+    params(ListParams),
+    security(("tenant_key" = [])),
+    responses(
+        crate::openapi::TenantRefusals,
+        (status = 200, description = "The runs", body = Vec<Listed>),
+        (status = 400, description = "`bad_query`: a bad parameter; `ambiguous_id`: a `parent` prefix of several runs", body = crate::error::ErrorBody),
+        (status = 404, description = "`not_found`: no run id starts with `parent`", body = crate::error::ErrorBody),
+    ),
+)]
 pub(super) async fn list_runs(
     State(app): State<Arc<App>>,
     scope: TenantScope,
@@ -106,11 +146,31 @@ pub(super) async fn list_runs(
         Some(id) => Some(super::actions::resolve(&app, &scope.tenant, &id).await?),
         None => None,
     };
+    if let Some(b) = &p.before
+        && !ids::is_run_id(b)
+    {
+        return Err(ApiError::bad_request(
+            "bad_query",
+            format!("before must be a whole run id, got {}", names::quoted(b)),
+        ));
+    }
+    let since = p.since.map(|t| parse_time("since", &t)).transpose()?;
+    let until = p.until.map(|t| parse_time("until", &t)).transpose()?;
+    // `until` is a `before` bound too: whichever lists fewer runs.
+    let before = match (
+        p.before.map(|b| b.to_ascii_lowercase()),
+        until.map(ids::time_floor),
+    ) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     let q = RunQuery {
         tenant: scope.tenant.clone(),
         function: p.function,
         status,
         parent,
+        before,
+        since,
         limit,
     };
     let runs = app.store.runs(q).await?;
@@ -119,14 +179,30 @@ pub(super) async fn list_runs(
 
 /// A run as `GET /v1/runs/{id}` shows it: its detail, and its webhook deliveries when its
 /// function notifies.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub(super) struct RunView {
     #[serde(flatten)]
     detail: RunDetail,
+    /// Its webhook deliveries, when its function notifies.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     deliveries: Vec<wasq_core::notify::Delivery>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{id}",
+    tag = "runs",
+    summary = "A run with its latest executions and first steps",
+    description = "The run (with `stored_bytes` and `log_bytes`), its latest 100 executions (`attempts`; `attempts_total` counts them all) and its first 1000 steps without their outputs (`steps_total`). No log lines.",
+    params(("id" = String, Path, description = "A run id, or a unique prefix of one (hex digits and dashes, any case)")),
+    security(("tenant_key" = [])),
+    responses(
+        crate::openapi::TenantRefusals,
+        (status = 200, description = "The run", body = RunView),
+        (status = 400, description = "`ambiguous_id`: the prefix starts several run ids; `bad_query`: a bad parameter", body = crate::error::ErrorBody),
+        (status = 404, description = "`not_found`: no such run", body = crate::error::ErrorBody),
+    ),
+)]
 pub(super) async fn get_run(
     State(app): State<Arc<App>>,
     scope: TenantScope,
@@ -147,6 +223,17 @@ pub(super) async fn get_run(
 }
 
 /// `GET /v1/webhooks/secret`: the key the tenant's webhooks are signed with.
+#[utoipa::path(
+    get,
+    path = "/v1/webhooks/secret",
+    tag = "webhooks",
+    summary = "The key the tenant's webhooks are signed with",
+    security(("tenant_key" = [])),
+    responses(
+        crate::openapi::TenantRefusals,
+        (status = 200, description = "The secret", body = crate::openapi::WebhookSecret),
+    ),
+)]
 pub(crate) async fn webhook_secret(
     State(app): State<Arc<App>>,
     scope: TenantScope,
@@ -155,10 +242,13 @@ pub(crate) async fn webhook_secret(
 }
 
 /// `skip` and `limit` of a paged route.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(super) struct Page {
+    /// Items to skip (default 0).
     skip: Option<usize>,
+    /// Items in the page: steps 1-1000 (default 1000), log lines 1-10,000 (default 1000).
     limit: Option<usize>,
 }
 
@@ -175,6 +265,20 @@ impl Page {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{id}/steps",
+    tag = "runs",
+    summary = "A run's steps in completion order, without their outputs",
+    params(("id" = String, Path, description = "A run id, or a unique prefix of one (hex digits and dashes, any case)"), Page),
+    security(("tenant_key" = [])),
+    responses(
+        crate::openapi::TenantRefusals,
+        (status = 200, description = "A page of steps, at most 1000", body = Vec<StepInfo>),
+        (status = 400, description = "`ambiguous_id`: the prefix starts several run ids; `bad_query`: a bad parameter", body = crate::error::ErrorBody),
+        (status = 404, description = "`not_found`: no such run", body = crate::error::ErrorBody),
+    ),
+)]
 pub(super) async fn list_steps(
     State(app): State<Arc<App>>,
     scope: TenantScope,
@@ -188,6 +292,24 @@ pub(super) async fn list_steps(
     ))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{id}/steps/{name}/{occurrence}",
+    tag = "runs",
+    summary = "One step with its output",
+    params(
+        ("id" = String, Path, description = "A run id, or a unique prefix of one (hex digits and dashes, any case)"),
+        ("name" = String, Path, description = "The step's name"),
+        ("occurrence" = u32, Path, description = "0 for the first step of this name in the run, 1 for the second, ..."),
+    ),
+    security(("tenant_key" = [])),
+    responses(
+        crate::openapi::TenantRefusals,
+        (status = 200, description = "The step", body = StepRecord),
+        (status = 400, description = "`ambiguous_id`: the prefix starts several run ids; `bad_query`: a bad parameter", body = crate::error::ErrorBody),
+        (status = 404, description = "`not_found`: no such run or step", body = crate::error::ErrorBody),
+    ),
+)]
 pub(super) async fn get_step(
     State(app): State<Arc<App>>,
     scope: TenantScope,
@@ -209,6 +331,21 @@ pub(super) async fn get_step(
 /// A page of log lines stops at this many bytes of messages (but holds one line at least).
 const LOG_PAGE_BYTES: usize = 4 << 20;
 
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{id}/logs",
+    tag = "runs",
+    summary = "A run's log lines",
+    description = "Guest `log` lines, stdout, stderr and wasq's own notes, after the first `skip`; at most 4 MiB of messages a page (one line at least).",
+    params(("id" = String, Path, description = "A run id, or a unique prefix of one (hex digits and dashes, any case)"), Page),
+    security(("tenant_key" = [])),
+    responses(
+        crate::openapi::TenantRefusals,
+        (status = 200, description = "A page of log lines", body = Vec<LogLine>),
+        (status = 400, description = "`ambiguous_id`: the prefix starts several run ids; `bad_query`: a bad parameter", body = crate::error::ErrorBody),
+        (status = 404, description = "`not_found`: no such run", body = crate::error::ErrorBody),
+    ),
+)]
 pub(super) async fn get_logs(
     State(app): State<Arc<App>>,
     scope: TenantScope,
@@ -237,6 +374,18 @@ pub(super) async fn get_logs(
 
 /// `GET /v1/queues`: runs waiting to start and running per queue, for every queue a
 /// function of the tenant names or a run waits in, by name.
+#[utoipa::path(
+    get,
+    path = "/v1/queues",
+    tag = "queues",
+    summary = "Each queue with its runs waiting to start and running",
+    description = "Every queue a function of the tenant names or a run waits in, by name; delayed and backing-off runs count as waiting.",
+    security(("tenant_key" = [])),
+    responses(
+        crate::openapi::TenantRefusals,
+        (status = 200, description = "The queues", body = Vec<QueueDepth>),
+    ),
+)]
 pub(crate) async fn list_queues(
     State(app): State<Arc<App>>,
     scope: TenantScope,

@@ -4,7 +4,8 @@
 use super::*;
 
 /// Per-run overrides, query parameters of `POST /v1/functions/{name}/runs`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RunParams {
     /// Answer when the run ends, if it ends within this long (e.g. `30s`, at most 5m):
@@ -81,6 +82,31 @@ impl RunParams {
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/functions/{name}/runs",
+    tag = "runs",
+    summary = "Start a run of a function",
+    description = "The body is the run's JSON input (empty: `{}`). 201 with the run, `queued` (its `due_at` is when it may start), or `skipped` when the function's rate limit dropped it (a record, not an error). The retry parameters override the function's policy for this run.",
+    params(
+        ("name" = String, Path, description = "The function's name"),
+        RunParams,
+        ("Idempotency-Key" = Option<String>, Header, description = "1-255 visible ASCII characters: a repeat within 24 h answers 200 with the first run"),
+    ),
+    security(("tenant_key" = [])),
+    request_body(content = serde_json::Value, content_type = "application/json", description = "The run's input: any JSON value"),
+    responses(
+        crate::openapi::TenantRefusals,
+        (status = 200, description = "With `wait`: the run ended in time, with its output. Without: an earlier run of this `Idempotency-Key`", body = Run, headers(("Location" = String, description = "`/v1/runs/{id}`"))),
+        (status = 201, description = "The run", body = Run, headers(("Location" = String, description = "`/v1/runs/{id}`"))),
+        (status = 202, description = "With `wait`: the run had not ended in time; as it is", body = Run, headers(("Location" = String, description = "`/v1/runs/{id}`"))),
+        (status = 400, description = "`bad_input` (not JSON), `bad_query`, `bad_settings`, `bad_name`, `bad_idempotency_key`", body = crate::error::ErrorBody),
+        (status = 404, description = "`not_found`: no function of this name", body = crate::error::ErrorBody),
+        (status = 429, description = "`quota_exceeded`: the tenant has `max_queued` runs queued", body = crate::error::ErrorBody, headers(("Retry-After" = u64, description = "Seconds to wait"))),
+        (status = 503, description = "`store_full`: the store guard refuses new work; or `unavailable`: the store is unreachable. Nothing was created", body = crate::error::ErrorBody),
+        (status = 507, description = "`storage_quota`: the tenant is at its `max_stored_bytes`", body = crate::error::ErrorBody),
+    ),
+)]
 pub(crate) async fn create_run(
     State(app): State<Arc<App>>,
     scope: TenantScope,
@@ -146,6 +172,9 @@ pub(crate) async fn create_run(
             retry,
             parent: None,
             priority: params.priority,
+            // The request span's context (or the client's header, when spans are not
+            // exported): every attempt of the run continues that trace.
+            trace: crate::telemetry::current_or(|| crate::telemetry::incoming(&headers)),
         })
         .await?;
     if created {
@@ -215,19 +244,40 @@ pub(crate) async fn wait_for_end(
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct EventBody {
+    /// 1-128 letters, digits, `-`, `_`, `.`, `:`, `/`.
+    #[schema(example = "user.signup")]
     pub(crate) name: String,
+    /// Any JSON: the input of the runs it starts, what waiting runs receive.
     #[serde(default)]
     pub(crate) data: serde_json::Value,
     /// Deduplication key: the same id within 24 hours is accepted once.
     pub(crate) id: Option<String>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/events",
+    tag = "events",
+    summary = "Send an event",
+    description = "Starts the functions subscribed to it and resumes runs waiting for it.",
+    security(("tenant_key" = [])),
+    request_body = EventBody,
+    responses(
+        crate::openapi::TenantRefusals,
+        (status = 202, description = "The runs it started and resumed (`accepted: false`: its id was seen before)", body = EventSent),
+        (status = 400, description = "`bad_event`: not that shape, a bad name or id", body = crate::error::ErrorBody),
+        (status = 429, description = "`quota_exceeded`: the runs it would start do not fit under `max_queued`; nothing recorded", body = crate::error::ErrorBody),
+        (status = 503, description = "`store_full`: the store guard refuses new work; or `unavailable`: the store is unreachable", body = crate::error::ErrorBody),
+        (status = 507, description = "`storage_quota`: they do not fit in `max_stored_bytes`", body = crate::error::ErrorBody),
+    ),
+)]
 pub(crate) async fn send_event(
     State(app): State<Arc<App>>,
     scope: TenantScope,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let event: EventBody = serde_json::from_slice(&body).map_err(|e| {
@@ -255,6 +305,8 @@ pub(crate) async fn send_event(
             name: event.name,
             data: event.data,
             id: event.id,
+            // The runs it starts continue the request's trace.
+            trace: crate::telemetry::current_or(|| crate::telemetry::incoming(&headers)),
         })
         .await?;
     if !sent.started.is_empty() || !sent.resumed.is_empty() {

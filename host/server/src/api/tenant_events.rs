@@ -23,10 +23,13 @@ const POLL: Duration = Duration::from_millis(250);
 /// How often a stream renews the feed's recording (a third of how long one renewal lasts).
 const RENEW_EVERY_MS: i64 = FEED_LISTEN_MS / 3;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Filters {
+    /// Only this function's runs.
     function: Option<String>,
+    /// Only changes to this status (`queued`, `running`, ..., `skipped`).
     status: Option<String>,
 }
 
@@ -109,6 +112,25 @@ impl Follow {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/runs:events",
+    tag = "runs",
+    operation_id = "follow_runs",
+    summary = "Every status change of the tenant's runs, as Server-Sent Events",
+    description = "Events `run`: `{\"id\", \"function\", \"status\", \"attempt\", \"at\"}`, from when the stream opens, in the order the store made them, from any process. Each event's id is a cursor: reconnecting within 30 s with `Last-Event-ID` misses nothing. A keep-alive comment every 15 s. Counts against the tenant's 64 streams per server.",
+    params(
+        Filters,
+        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event (an id the stream sent)"),
+    ),
+    security(("tenant_key" = [])),
+    responses(
+        crate::openapi::TenantRefusals,
+        (status = 200, description = "The stream", body = String, content_type = "text/event-stream"),
+        (status = 400, description = "`bad_query`, `bad_name` (a bad filter), `bad_event_id` (a malformed Last-Event-ID)", body = crate::error::ErrorBody),
+        (status = 429, description = "`too_many_streams`: the tenant has 64 streams open on this server", body = crate::error::ErrorBody),
+    ),
+)]
 pub(crate) async fn stream(
     State(app): State<Arc<App>>,
     scope: TenantScope,

@@ -310,6 +310,25 @@ impl Watch {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{id}/events",
+    tag = "runs",
+    summary = "A run's life as Server-Sent Events, until it ends",
+    description = "Events `status`, `attempt`, `attempt_end`, `step`, `progress`, `log` in the order recorded, and last `end` with the run; then the stream closes. Read from the store every 100 ms, so a worker on another machine reaches any API server's stream. Each event's id is a cursor: reconnecting with `Last-Event-ID` resumes after it. A keep-alive comment every 15 s. A tenant holds at most 64 streams open on one server.",
+    params(
+        ("id" = String, Path, description = "A run id, or a unique prefix of one"),
+        ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event (an id the stream sent, like `4.2.17`)"),
+    ),
+    security(("tenant_key" = [])),
+    responses(
+        crate::openapi::TenantRefusals,
+        (status = 200, description = "The stream", body = String, content_type = "text/event-stream"),
+        (status = 400, description = "`ambiguous_id`, or `bad_event_id`: a Last-Event-ID this stream did not send", body = crate::error::ErrorBody),
+        (status = 404, description = "`not_found`: no such run", body = crate::error::ErrorBody),
+        (status = 429, description = "`too_many_streams`: the tenant has 64 streams open on this server", body = crate::error::ErrorBody),
+    ),
+)]
 pub(crate) async fn run_events(
     State(app): State<Arc<App>>,
     scope: TenantScope,

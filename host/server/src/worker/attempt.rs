@@ -72,7 +72,10 @@ pub(crate) async fn attempt(
 ) {
     let Claimed { run, lease, steps } = claimed;
     let cancel = held.cancel.clone();
-    let journal = StoreJournal::new(app.clone(), run.tenant.clone(), held.clone());
+    // The attempt span's context (the child of the run's, worker.rs), or the run's own
+    // when spans are not exported: what its child runs, events and outbound HTTP carry.
+    let trace = crate::telemetry::current_or(|| run.trace.clone());
+    let journal = StoreJournal::new(app.clone(), run.tenant.clone(), held.clone(), trace.clone());
 
     let result = match ensure_loaded(app, &run.digest).await {
         Ok(()) => {
@@ -92,6 +95,7 @@ pub(crate) async fn attempt(
                 journal: journal.clone(),
                 cancel: cancel.clone(),
                 allow_hosts: run.settings.allow_hosts.clone(),
+                traceparent: trace,
                 max_outbound_requests: Some(
                     app.quotas
                         .get(app, &run.tenant)
@@ -208,68 +212,79 @@ pub(crate) async fn attempt(
     app.metrics
         .egress_refused(&run.tenant, result.egress_refused);
     held.ending.store(true, Ordering::SeqCst);
-    let mut end = AttemptEnd {
-        lease: lease.clone(),
-        records,
-        outcome,
-    };
-    let asked = std::time::Instant::now();
-    let mut ended = finish_while_leased(app, finisher, &end).await;
-    app.metrics.store_call("end", asked.elapsed());
-    if let Err(StoreError::StorageQuota(why)) = &ended {
-        // Its steps or its output did not fit: the run fails instead (an error and log
-        // lines are always stored; the steps are not).
-        let error = RunError::new(ErrorReason::StorageQuota, why.clone());
-        let mut records = without_steps(std::mem::take(&mut end.records));
-        end.outcome = fail(error, None, &mut records);
-        end.records = records;
-        ended = finish_while_leased(app, finisher, &end).await;
+    if let Outcome::Failed { error, .. } = &outcome {
+        crate::telemetry::failed(&tracing::Span::current(), error);
     }
-    match ended {
-        Ok(status) => {
-            tracing::debug!(%status, "attempt recorded");
-            if let Outcome::Failed { error, .. } = &end.outcome {
-                let retried = status == RunStatus::Queued;
-                app.metrics
-                    .attempt_error(&run.tenant, error.reason.as_str(), retried);
-            }
-            if status.is_terminal() {
-                let took = app.now() - run.created_at;
-                app.metrics.run_ended(&run.tenant, status.as_str(), took);
-            }
-            // It may be due again now (a retry without backoff, a short sleep), and its
-            // end may have resumed runs waiting for it (which a store that announces work
-            // says itself).
-            let resumed = status.is_terminal() && !app.store.announces_work();
-            if resumed || matches!(status, RunStatus::Queued | RunStatus::Sleeping) {
-                app.wake.notify_one();
-            }
-            if status.is_terminal() {
-                let _ = app.finished.send(lease.run_id.clone());
-            }
-            if run.settings.on_failure.is_some() {
-                crate::on_failure::after_end(app, &run.tenant, &run.id, status).await;
-            }
-            if !run.settings.notify.urls.is_empty() {
+    // Storing the end and what follows it (failure handler, webhooks): the attempt's last
+    // child span.
+    let finish = tracing::debug_span!("finish", outcome = label, status = tracing::field::Empty);
+    async {
+        let mut end = AttemptEnd {
+            lease: lease.clone(),
+            records,
+            outcome,
+        };
+        let asked = std::time::Instant::now();
+        let mut ended = finish_while_leased(app, finisher, &end).await;
+        app.metrics.store_call("end", asked.elapsed());
+        if let Err(StoreError::StorageQuota(why)) = &ended {
+            // Its steps or its output did not fit: the run fails instead (an error and log
+            // lines are always stored; the steps are not).
+            let error = RunError::new(ErrorReason::StorageQuota, why.clone());
+            let mut records = without_steps(std::mem::take(&mut end.records));
+            end.outcome = fail(error, None, &mut records);
+            end.records = records;
+            ended = finish_while_leased(app, finisher, &end).await;
+        }
+        match ended {
+            Ok(status) => {
+                finish.record("status", status.as_str());
+                tracing::debug!(%status, "attempt recorded");
+                if let Outcome::Failed { error, .. } = &end.outcome {
+                    let retried = status == RunStatus::Queued;
+                    app.metrics
+                        .attempt_error(&run.tenant, error.reason.as_str(), retried);
+                }
                 if status.is_terminal() {
-                    crate::notify::after_end(app, &run, status).await;
-                } else if let Outcome::Failed {
-                    error,
-                    retry_in_ms: Some(_),
-                    ..
-                } = &end.outcome
-                {
-                    crate::notify::after_attempt_failed(app, &run, run.attempt, error).await;
+                    let took = app.now() - run.created_at;
+                    app.metrics.run_ended(&run.tenant, status.as_str(), took);
+                }
+                // It may be due again now (a retry without backoff, a short sleep), and its
+                // end may have resumed runs waiting for it (which a store that announces work
+                // says itself).
+                let resumed = status.is_terminal() && !app.store.announces_work();
+                if resumed || matches!(status, RunStatus::Queued | RunStatus::Sleeping) {
+                    app.wake.notify_one();
+                }
+                if status.is_terminal() {
+                    let _ = app.finished.send(lease.run_id.clone());
+                }
+                if run.settings.on_failure.is_some() {
+                    crate::on_failure::after_end(app, &run.tenant, &run.id, status).await;
+                }
+                if !run.settings.notify.urls.is_empty() {
+                    if status.is_terminal() {
+                        crate::notify::after_end(app, &run, status).await;
+                    } else if let Outcome::Failed {
+                        error,
+                        retry_in_ms: Some(_),
+                        ..
+                    } = &end.outcome
+                    {
+                        crate::notify::after_attempt_failed(app, &run, run.attempt, error).await;
+                    }
                 }
             }
-        }
-        Err(StoreError::LeaseLost(_)) => {
-            tracing::warn!("lease lost before the attempt ended; its result is discarded")
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "could not record the end of the attempt; the lease will expire and the run will be retried")
+            Err(StoreError::LeaseLost(_)) => {
+                tracing::warn!("lease lost before the attempt ended; its result is discarded")
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "could not record the end of the attempt; the lease will expire and the run will be retried")
+            }
         }
     }
+    .instrument(finish.clone())
+    .await;
 }
 
 /// The end of an attempt that failed with `error`: queued again after the run's retry

@@ -26,6 +26,8 @@ pub(crate) struct StoreJournal {
     pub(crate) app: Arc<App>,
     pub(crate) tenant: String,
     pub(crate) held: Arc<Held>,
+    /// The attempt's trace context, which the runs and events it starts continue.
+    trace: Option<TraceParent>,
     pending: std::sync::Mutex<Pending>,
     /// Held while taking and writing pending records, so records are stored in order.
     writing: tokio::sync::Mutex<()>,
@@ -75,11 +77,17 @@ impl Pending {
 }
 
 impl StoreJournal {
-    pub(crate) fn new(app: Arc<App>, tenant: String, held: Arc<Held>) -> Arc<StoreJournal> {
+    pub(crate) fn new(
+        app: Arc<App>,
+        tenant: String,
+        held: Arc<Held>,
+        trace: Option<TraceParent>,
+    ) -> Arc<StoreJournal> {
         Arc::new_cyclic(|me| StoreJournal {
             app,
             tenant,
             held,
+            trace,
             pending: Default::default(),
             writing: Default::default(),
             flush: Default::default(),
@@ -247,6 +255,7 @@ impl Journal for StoreJournal {
             name: event.into(),
             data,
             id: Some(id.into()),
+            trace: self.trace.clone(),
         };
         with_retries(|| self.app.store.send_event(req.clone()))
             .await
@@ -279,6 +288,7 @@ impl Journal for StoreJournal {
             retry: None,
             parent: Some(self.held.lease.run_id.clone()),
             priority: None,
+            trace: self.trace.clone(),
         };
         let enqueued = with_retries(|| self.app.store.enqueue(req.clone()))
             .await

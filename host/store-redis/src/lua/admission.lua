@@ -26,26 +26,26 @@ end
 -- What a new run costs: the per-run overhead (with its `run:` and `att:` key names),
 -- everything its hash keeps whole, its idempotency key, and UNPACK when one of its
 -- values keeps its hash from being packed from the start (then also `true`).
-local function run_cost(input, trigger, sv, idem, retry, fl, parent)
+local function run_cost(input, trigger, sv, idem, retry, fl, parent, trace)
   local c = C_RUN + 2 * #P + mem(#input) + mem(#trigger) + mem(#sv) + mem(#retry)
-    + mem(#fl.keys)
+    + mem(#fl.keys) + mem(#trace)
   if idem ~= '' then c = c + 2 * mem(#idem) + IDEM end
   -- A long input has a key of its own (`with_input`) and leaves the hash packed.
   if #input > PACKED_MAX then c = c + C_IN + #P end
-  for _, v in ipairs({ trigger, idem, retry, fl.keys, fl.cgate, fl.tgate, fl.dgate, parent }) do
+  for _, v in ipairs({ trigger, idem, retry, fl.keys, fl.cgate, fl.tgate, fl.dgate, parent, trace }) do
     if #v > PACKED_MAX then return c + UNPACK, true end
   end
   return c, false
 end
 
 -- Creates a run of function `fname`, or returns the run created earlier with the same
--- idempotency key within the window. `sv` is the version of the function's settings Rust
--- computed `fl` from: the run pins that version (`sets`), not a copy of the blob.
+-- idempotency key within the window. `trace`: its W3C traceparent or ''. `sv` is the
+-- version of the function's settings Rust computed `fl` from: the run pins that version (`sets`), not a copy of the blob.
 -- Applies the rate limit (the run is created skipped), debounce (the pending run of the
 -- key is skipped), the tenant's max_queued (when fl.enforce) and its storage quotas. Returns id, created, error ('not_found', 'stale', 'quota', or a
 -- 'storage' reply), runs woken, and for a created run what Rust cannot know of it:
 -- { status, due_at, digest, max_attempts, sbytes }.
-local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max, parent, sv, fl)
+local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max, parent, trace, sv, fl)
   local fk = P .. 'fn:' .. fname
   local f = redis.call('HMGET', fk, 'digest', 'sv', 'max_attempts', 'queue')
   if not f[1] then return nil, false, 'not_found', 0 end
@@ -84,7 +84,7 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
       return nil, false, 'quota', 0
     end
   end
-  local cost, unpacked = run_cost(input, trigger, sv, idem, retry, fl, parent)
+  local cost, unpacked = run_cost(input, trigger, sv, idem, retry, fl, parent, trace)
   if status == 'skipped' then
     cost = cost + mem(#fl.rerr) + mem(#fl.rres)
     if not unpacked and (#fl.rerr > PACKED_MAX or #fl.rres > PACKED_MAX) then
@@ -133,6 +133,7 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
   add('retry', retry)
   add('idempotency_key', idem)
   add('parent', parent)
+  add('trace', trace)
   add('keys', fl.keys)
   add('cgate', fl.cgate)
   if fl.cgate ~= '' then add('climit', fl.climit) end

@@ -1,5 +1,5 @@
 local id, created, err, woke, made = insert_run(ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9],
-  ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[14], read_flow(15))
+  ARGV[10], ARGV[11], ARGV[12], ARGV[14], ARGV[13], ARGV[15], read_flow(16))
 if type(err) == 'table' then return err end
 if err then return { err } end
 local wake = woke

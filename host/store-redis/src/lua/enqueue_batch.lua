@@ -4,13 +4,14 @@
 -- wasq_core::lifecycle::admit_batch), the storage quotas against what the runs cost
 -- together — so the inserts that follow cannot be refused halfway.
 local FNAME, SV, TRIGGER, REPLACES_NEW, N = ARGV[5], ARGV[6], ARGV[7], ARGV[8], tonumber(ARGV[9])
-local stride = 6 + FLOW_ARGS
+-- Per run: id, input, due, idempotency key, retry, its max_attempts, trace, then the flow.
+local stride = 7 + FLOW_ARGS
 local fk = P .. 'fn:' .. FNAME
 if not redis.call('HGET', fk, 'digest') then return { 'not_found' } end
 if (settings_version(fk) or '') ~= SV then return { 'stale' } end
 local flows = {}
 for i = 1, N do
-  local fl = read_flow(10 + (i - 1) * stride + 6)
+  local fl = read_flow(10 + (i - 1) * stride + 7)
   if fl.dgate ~= '' and debounce_moved(fl) then return { 'stale' } end
   fl.enforce = '0'
   flows[i] = fl
@@ -21,7 +22,7 @@ local cost = 0
 local maxrun = quota('max_run_bytes')
 for i = 1, N do
   local o = 10 + (i - 1) * stride
-  local c = run_cost(ARGV[o + 1], TRIGGER, SV, ARGV[o + 3], ARGV[o + 4], flows[i], '')
+  local c = run_cost(ARGV[o + 1], TRIGGER, SV, ARGV[o + 3], ARGV[o + 4], flows[i], '', ARGV[o + 6])
   if maxrun and c > maxrun then return { 'storage', 'run', '0', I(c), I(maxrun), I(i) } end
   cost = cost + c
 end
@@ -45,7 +46,7 @@ for i = 1, N do
     end
   end
   local id, created, err, woke, made = insert_run(ARGV[o], FNAME, ARGV[o + 1], TRIGGER,
-    ARGV[o + 2], ARGV[o + 3], ARGV[o + 4], ARGV[o + 5], '', SV, fl)
+    ARGV[o + 2], ARGV[o + 3], ARGV[o + 4], ARGV[o + 5], '', ARGV[o + 6], SV, fl)
   if err then
     -- Checked above; a refusal here would leave the runs before it created.
     return redis.error_reply('enqueue_batch: run ' .. i .. ' refused after the checks: '

@@ -1,5 +1,5 @@
 local out = {}
-local ids = redis.call('ZREVRANGE', P .. ARGV[5], ARGV[6], ARGV[7])
+local ids = redis.call('ZREVRANGEBYSCORE', P .. ARGV[5], ARGV[8], ARGV[9], 'LIMIT', ARGV[6], ARGV[7])
 for _, id in ipairs(ids) do
   local h = run_fields(id)
   if h[1] then out[#out + 1] = h end

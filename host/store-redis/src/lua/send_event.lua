@@ -1,5 +1,6 @@
-local EID, NAME, DATA, RES, EXPECTED = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-local m = tonumber(ARGV[10])
+local EID, NAME, DATA, RES, TRACE, EXPECTED = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9],
+  ARGV[10]
+local m = tonumber(ARGV[11])
 local seen = redis.call('HGET', P .. 'events', EID)
 if seen and tonumber(seen) > NOW - WINDOW then return { 'dup' } end
 local wk = P .. 'waiters:' .. NAME
@@ -11,7 +12,7 @@ end
 local subs = redis.call('SMEMBERS', P .. 'sub:' .. NAME)
 table.sort(subs)
 -- The subscribers Rust computed flow arguments for must be today's, with today's settings.
-local sb = 11 + 2 * m
+local sb = 12 + 2 * m
 local k = tonumber(ARGV[sb])
 local stride = 3 + FLOW_ARGS
 if k ~= #subs then return { 'stale' } end
@@ -33,7 +34,8 @@ local cost = event_cost(EID)
 local maxrun = quota('max_run_bytes')
 for i, fname in ipairs(subs) do
   local o = sb + 1 + (i - 1) * stride
-  local c = run_cost(DATA, 'event:' .. NAME, ARGV[o + 2], 'event:' .. EID, '', read_flow(o + 3), '')
+  local c = run_cost(DATA, 'event:' .. NAME, ARGV[o + 2], 'event:' .. EID, '', read_flow(o + 3), '',
+    TRACE)
   if maxrun and c > maxrun then return { 'storage', 'run', '0', I(c), I(maxrun) } end
   cost = cost + c
 end
@@ -52,14 +54,14 @@ for i, fname in ipairs(subs) do
   fl.enforce = '0'
   -- One run per function per event, however often it is delivered.
   local id, created, _, woke = insert_run(ARGV[o + 1], fname, DATA, 'event:' .. NAME, '',
-    'event:' .. EID, '', '', '', ARGV[o + 2], fl)
+    'event:' .. EID, '', '', '', TRACE, ARGV[o + 2], fl)
   if id then
     started[#started + 1] = id
     if created then wake = wake + 1 + woke end
   end
 end
 for i = 0, m - 1 do
-  local id, wver = ARGV[11 + 2 * i], ARGV[12 + 2 * i]
+  local id, wver = ARGV[12 + 2 * i], ARGV[13 + 2 * i]
   local r = redis.call('HMGET', runkey(id), 'status', 'wait_event', 'wait_ver')
   if r[1] == 'waiting' and r[2] == NAME and r[3] == wver then
     resolve_wait(id, RES)
