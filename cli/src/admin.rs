@@ -56,10 +56,17 @@ pub(crate) async fn tenants(client: Client, cmd: TenantsCommand) -> Result<ExitC
 pub(crate) async fn keys(client: Client, cmd: KeysCommand) -> Result<ExitCode> {
     let base = |tenant: &str| format!("/v1/tenants/{}/keys", client::path_segment(tenant));
     match cmd {
-        KeysCommand::Create { tenant, label } => {
+        KeysCommand::Create {
+            tenant,
+            label,
+            output,
+        } => {
             let body = serde_json::json!({ "label": label }).to_string();
             let k = client.post_json(&base(&tenant), body).await?;
-            outln!("{}", out::field(&k["key"]));
+            match output {
+                Output::Json => outln!("{}", out::json(&k, true)),
+                Output::Table => outln!("{}", out::field(&k["key"])),
+            }
             errln!(
                 "key {} for tenant {}: shown once, stored only as an HMAC; keep it safe",
                 out::field(&k["id"]),
@@ -69,9 +76,13 @@ pub(crate) async fn keys(client: Client, cmd: KeysCommand) -> Result<ExitCode> {
         KeysCommand::List { tenant, output } => {
             views::keys(&client.get(&base(&tenant), &[]).await?, output);
         }
-        KeysCommand::Revoke { tenant, id } => {
+        KeysCommand::Revoke { tenant, id, output } => {
             let path = format!("{}/{}/revoke", base(&tenant), client::path_segment(&id));
-            client.post_json(&path, String::new()).await?;
+            let answer = client.post_json(&path, String::new()).await?;
+            if let Output::Json = output {
+                outln!("{}", out::json(&answer, true));
+                return Ok(ExitCode::SUCCESS);
+            }
             outln!(
                 "revoked key {} of tenant {}",
                 out::line(&id, out::SHORT),

@@ -162,6 +162,9 @@ pub(crate) enum KeysCommand {
         /// A label to tell keys apart in `keys list`.
         #[arg(long, default_value = "")]
         label: String,
+        /// How to print: the key alone, or the API's answer (with the key) as JSON.
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
     },
     /// List a tenant's keys (ids and labels, never the keys).
     List {
@@ -179,6 +182,9 @@ pub(crate) enum KeysCommand {
         tenant: String,
         /// The key's id, from `wasq keys list`.
         id: String,
+        /// How to print: a line for people, or the API's answer as JSON for programs.
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
     },
 }
 
@@ -194,16 +200,25 @@ pub(crate) enum CronCommand {
     Pause {
         /// The function whose schedule it is.
         function: String,
+        /// How to print: a line for people, or the API's answer as JSON for programs.
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
     },
     /// Fire a paused schedule again from the next tick.
     Resume {
         /// The function whose schedule it is.
         function: String,
+        /// How to print: a line for people, or the API's answer as JSON for programs.
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
     },
     /// Start one run of the function now, outside its schedule.
     RunNow {
         /// The function whose schedule it is.
         function: String,
+        /// How to print: a line for people, or the API's answer as JSON for programs.
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
     },
 }
 
@@ -523,5 +538,9 @@ pub(crate) enum FunctionsCommand {
 #[derive(Debug, Subcommand)]
 pub(crate) enum WebhooksCommand {
     /// Print the tenant's signing secret (`whsec_...`), for verifying `--notify` POSTs.
-    Secret,
+    Secret {
+        /// How to print: the secret alone, or `{"secret": ...}` for programs.
+        #[arg(long, value_enum, default_value_t)]
+        output: Output,
+    },
 }

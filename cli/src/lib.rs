@@ -203,9 +203,12 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             views::schedules(&schedules, output);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Webhooks(WebhooksCommand::Secret) => {
+        Command::Webhooks(WebhooksCommand::Secret { output }) => {
             let s = client()?.get("/v1/webhooks/secret", &[]).await?;
-            outln!("{}", out::field(&s["secret"]));
+            match output {
+                Output::Json => outln!("{}", out::json(&s, true)),
+                Output::Table => outln!("{}", out::field(&s["secret"])),
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Completions { shell } => {
@@ -233,14 +236,14 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             views::audit(&entries, output);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Cron(CronCommand::Pause { function }) => {
-            cron_action(client()?, &function, "pause").await
+        Command::Cron(CronCommand::Pause { function, output }) => {
+            cron_action(client()?, &function, "pause", output).await
         }
-        Command::Cron(CronCommand::Resume { function }) => {
-            cron_action(client()?, &function, "resume").await
+        Command::Cron(CronCommand::Resume { function, output }) => {
+            cron_action(client()?, &function, "resume", output).await
         }
-        Command::Cron(CronCommand::RunNow { function }) => {
-            cron_action(client()?, &function, "run-now").await
+        Command::Cron(CronCommand::RunNow { function, output }) => {
+            cron_action(client()?, &function, "run-now", output).await
         }
         Command::Functions(FunctionsCommand::List { output }) => {
             let fns = client()?.get("/v1/functions", &[]).await?;

@@ -150,8 +150,14 @@ async fn a_seconds_schedule_fires_once_per_tick() {
         (Some("succeeded"), Some("cron:run-now"))
     );
 
-    let (code, _, _) = run_cli(d.api.cli().args(["cron", "resume", "ticker"]));
-    assert_eq!(code, 0);
+    let (code, out, err) = run_cli(
+        d.api
+            .cli()
+            .args(["cron", "resume", "ticker", "--output", "json"]),
+    );
+    assert_eq!(code, 0, "{err}");
+    let answer: Value = serde_json::from_str(&out).expect("--output json prints JSON");
+    assert_eq!(answer["schedule"]["paused"], false, "{answer}");
     tick_to(&clock, &d.api, "witness", T0 + 7000).await;
     let after: Vec<i64> = ticks(&d.api, "ticker")
         .await

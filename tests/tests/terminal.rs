@@ -140,6 +140,24 @@ async fn what_a_guest_writes_reaches_the_cli_escaped() {
         d.api.cli().args(["keys", "list", "--tenant", "default"]),
     );
     assert!(out.contains(r"\u{202e}lanif_v2\u{202c}"), "{out}");
+    // The same verbs for programs: the API's answer as JSON (the label as stored).
+    let out = cli_ok(
+        "keys create --output json",
+        d.api.cli().args([
+            "keys", "create", "--tenant", "default", "--label", "ci", "--output", "json",
+        ]),
+    );
+    let key: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(key["key"].as_str().unwrap().starts_with("wasq_"), "{key}");
+    let out = cli_ok(
+        "webhooks secret --output json",
+        d.api.cli().args(["webhooks", "secret", "--output", "json"]),
+    );
+    let secret: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        secret["secret"].as_str().unwrap().starts_with("whsec_"),
+        "{secret}"
+    );
 
     // The audit trail as the operator sees it, after a tenant tried to forge an entry.
     let forged = "pause%1B%5D0%3Bpwned%07%0D%0A2026-01-01%20succeeded%20FORGED";

@@ -492,41 +492,38 @@ impl Body for StallBody {
 mod tests {
     use super::*;
 
-    /// The cost of a refusal to the server, on real sockets: accept, the table, the 503
-    /// write and the close (most of it the kernel delivering the 503 and the FIN to the
-    /// loopback peer). The best of five batches, against the noise of a shared machine.
+    /// A refusal on real sockets: every client over its cap gets the 503 and the close,
+    /// without a request read and without the table changing. What it costs (a few µs:
+    /// accept, the 503 write and the close) is printed, not asserted: a timing is a
+    /// benchmark's figure, and a loaded machine made this one fail as a test.
     #[tokio::test]
-    async fn a_refusal_costs_a_few_microseconds() {
+    async fn refusals_answer_503_and_leave_the_table_alone() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let to = listener.local_addr().unwrap();
         let table = Arc::new(Table::new(1, 1));
         let _held = Table::take(&table, to.ip()).unwrap();
-        let mut batches = Vec::new();
-        for _ in 0..5 {
-            // Under the listen backlog (128): every handshake is done before the clock starts.
-            let mut clients = Vec::new();
-            for _ in 0..100 {
-                clients.push(TcpStream::connect(to).await.unwrap());
-            }
-            let started = std::time::Instant::now();
-            for _ in 0..100 {
-                let (stream, peer) = listener.accept().await.unwrap();
-                let cap = Table::take(&table, peer.ip()).err().unwrap();
-                refuse(stream, cap);
-            }
-            batches.push(started.elapsed() / 100);
+        // Under the listen backlog (128): every handshake is done before the clock starts.
+        let mut clients = Vec::new();
+        for _ in 0..100 {
+            clients.push(TcpStream::connect(to).await.unwrap());
+        }
+        let started = std::time::Instant::now();
+        for _ in 0..100 {
+            let (stream, peer) = listener.accept().await.unwrap();
+            let cap = Table::take(&table, peer.ip()).err().unwrap();
+            refuse(stream, cap);
+        }
+        println!(
+            "a refused connection cost the server {:?}",
+            started.elapsed() / 100
+        );
+        for mut client in clients {
             let mut got = Vec::new();
-            tokio::io::AsyncReadExt::read_to_end(&mut clients[99], &mut got)
+            tokio::io::AsyncReadExt::read_to_end(&mut client, &mut got)
                 .await
                 .unwrap();
-            assert!(got.starts_with(b"HTTP/1.1 503 "));
+            assert!(got.starts_with(b"HTTP/1.1 503 "), "{got:?}");
         }
-        batches.sort();
-        println!(
-            "a refused connection costs the server {:?} (best batch of 100), {:?} (median)",
-            batches[0], batches[2]
-        );
-        assert!(batches[0] < Duration::from_micros(50), "{batches:?}");
         assert_eq!(table.counts.lock().unwrap().total, 1);
     }
 
