@@ -321,12 +321,14 @@ pub(crate) async fn status(
     let health = client.get("/healthz", &[]).await?;
     let tenant = client.get("/v1/tenant", &[]).await?;
     let queues = client.get("/v1/queues", &[]).await?;
+    let workers = client.get("/v1/workers", &[]).await?;
     if let Output::Json = output {
         let all = serde_json::json!({
             "server": client.base(),
             "health": health,
             "tenant": tenant,
             "queues": queues,
+            "workers": workers,
         });
         outln!("{}", out::json(&all, true));
         return Ok(std::process::ExitCode::SUCCESS);
@@ -348,6 +350,29 @@ pub(crate) async fn status(
         bytes(&q["max_stored_bytes"]),
     );
     outln!("{}", queues_table(&queues));
+    let busy: u64 = items(&workers).filter_map(|w| w["busy"].as_u64()).sum();
+    let slots: u64 = items(&workers).filter_map(|w| w["slots"].as_u64()).sum();
+    outln!(
+        "workers heard from in the last 30 s: {}, {busy} of {slots} slots in use",
+        items(&workers).count()
+    );
+    let mut t = table(&["WORKER", "QUEUES", "BUSY", "SLOTS"]);
+    for w in items(&workers) {
+        let queues: Vec<String> = items(&w["queues"]).map(out::field).collect();
+        t.add_row(vec![
+            out::field(&w["id"]),
+            if queues.is_empty() {
+                "all".to_owned()
+            } else {
+                queues.join(",")
+            },
+            out::field(&w["busy"]),
+            out::field(&w["slots"]),
+        ]);
+    }
+    if items(&workers).next().is_some() {
+        outln!("{t}");
+    }
     Ok(std::process::ExitCode::SUCCESS)
 }
 

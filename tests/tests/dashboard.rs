@@ -245,6 +245,11 @@ async fn a_user_finds_a_failed_run_retries_it_and_sees_it_succeed() {
     c.goto(&format!("{base}/ui/queues")).await.unwrap();
     wait_text(&c, "#queues", |t| t.contains("default")).await;
     wait_text(&c, "#chart", |t| t.contains("runs ended in the last hour")).await;
+    let workers = wait_text(&c, "#workers", |t| t.contains(" of 4")).await;
+    assert!(
+        workers.contains(&format!("-{}", std::process::id())),
+        "{workers}"
+    );
     let shot = c.screenshot().await.unwrap();
     std::fs::write(screenshots().join("dashboard-queues.png"), shot).unwrap();
     c.goto(&format!("{base}/ui/audit")).await.unwrap();

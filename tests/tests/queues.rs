@@ -98,6 +98,32 @@ async fn a_critical_run_is_never_executed_by_a_default_worker_on_redis() {
         assert!(w.iter().all(|w| w.ends_with(&by_default)), "{w:?}");
     }
 
+    // The registry: both workers, their queues and slots (the API server executes nothing).
+    let (status, workers) = api.get("/v1/workers").await;
+    assert_eq!(status, 200, "{workers}");
+    let listed = |workers: &serde_json::Value| -> Vec<(String, serde_json::Value, u64)> {
+        workers
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| {
+                let id = w["id"].as_str().unwrap().to_owned();
+                (id, w["queues"].clone(), w["slots"].as_u64().unwrap())
+            })
+            .collect()
+    };
+    let both = listed(&workers);
+    assert_eq!(both.len(), 2, "{workers}");
+    for (ending, queue) in [(&by_critical, "critical"), (&by_default, "default")] {
+        assert!(
+            both.iter()
+                .any(|(id, q, slots)| id.ends_with(ending.as_str())
+                    && *q == serde_json::json!([queue])
+                    && *slots == 4),
+            "{workers}"
+        );
+    }
+
     // The critical pool stops: its runs wait, whatever the default pool has room for.
     critical.signal("TERM");
     for _ in 0..200 {
@@ -107,6 +133,14 @@ async fn a_critical_run_is_never_executed_by_a_default_worker_on_redis() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(critical.exited().is_some(), "{}", critical.log());
+    let (_, workers) = api.get("/v1/workers").await;
+    let left = listed(&workers);
+    assert_eq!(
+        left.len(),
+        1,
+        "a worker that stopped left the registry: {workers}"
+    );
+    assert!(left[0].0.ends_with(&by_default), "{workers}");
     let waiting = start_runs(api, "email", 3).await;
     let done = start_runs(api, "report", 1).await;
     api.wait_run(&done[0], Duration::from_secs(30)).await;
@@ -162,6 +196,10 @@ async fn wasq_dev_with_queues_executes_only_those_queues() {
     assert!(
         out.contains(": ok") && out.contains("tenant default: 1 queued"),
         "{out}"
+    );
+    assert!(
+        out.contains("workers heard from in the last 30 s: 1,") && out.contains("critical"),
+        "wasq dev's own worker: {out}"
     );
     let (code, out, _) = run_cli(api.cli().args(["status", "--output", "json"]));
     assert_eq!(code, 0);

@@ -21,12 +21,14 @@ mod storage;
 mod tenants;
 mod trace;
 mod waits;
+mod workers;
 
 use crate::clock::{Clock, ManualClock, Millis};
 use crate::flow::*;
 use crate::model::*;
 use crate::store::*;
 use crate::tenant::*;
+use crate::workers::Workers;
 
 const T0: i64 = 1_700_000_000_000;
 const LEASE: u64 = 30_000;
@@ -34,7 +36,7 @@ const LEASE: u64 = 30_000;
 type Scenario<S> = fn(S, ManualClock) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Every scenario: (test name, the guarantee it checks, the scenario).
-fn scenarios<S: Store + Directory>() -> Vec<(&'static str, &'static str, Scenario<S>)> {
+fn scenarios<S: Store + Directory + Workers>() -> Vec<(&'static str, &'static str, Scenario<S>)> {
     vec![
         (
             "deploy",
@@ -186,6 +188,11 @@ fn scenarios<S: Store + Directory>() -> Vec<(&'static str, &'static str, Scenari
             "feed",
             "the tenant feed records every status change while listened to, in order",
             |s, c| Box::pin(feed::feed(s, c)),
+        ),
+        (
+            "workers",
+            "the worker registry lists the workers heard from lately, by id",
+            |s, c| Box::pin(workers::workers(s, c)),
         ),
         (
             "deliveries",
@@ -343,7 +350,7 @@ fn scenarios<S: Store + Directory>() -> Vec<(&'static str, &'static str, Scenari
 /// folder, a server), dropped after the scenario.
 pub async fn run_one<S, G, F, Fut>(name: &str, make: F)
 where
-    S: Store + Directory,
+    S: Store + Directory + Workers,
     F: Fn(ManualClock) -> Fut,
     Fut: Future<Output = (S, G)>,
 {
@@ -415,6 +422,7 @@ macro_rules! conformance_tests {
             all_queues_rank_together,
             load,
             feed,
+            workers,
             deliveries,
             enqueue_batch,
             run_id_prefixes,

@@ -29,6 +29,7 @@ mod store;
 mod tenant;
 pub mod text;
 pub mod trace;
+pub mod workers;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use feed::Feed;
@@ -42,3 +43,4 @@ pub use storage::CostModel;
 pub use store::*;
 pub use tenant::*;
 pub use trace::TraceParent;
+pub use workers::{WorkerBeat, Workers};

@@ -182,10 +182,11 @@ pub trait Store: Registry + Queue + Runs + Events + Retention + Deliveries + Fee
 
 impl<T: Registry + Queue + Runs + Events + Retention + Deliveries + Feed> Store for T {}
 
-/// Everything the server holds of its backend, once: the store and the tenant directory.
-pub trait Backend: Store + crate::Directory {}
+/// Everything the server holds of its backend, once: the store, the tenant directory and
+/// the worker registry.
+pub trait Backend: Store + crate::Directory + crate::Workers {}
 
-impl<T: Store + crate::Directory> Backend for T {}
+impl<T: Store + crate::Directory + crate::Workers> Backend for T {}
 
 #[derive(Debug, Clone)]
 pub struct DeployRequest {

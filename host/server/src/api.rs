@@ -67,6 +67,7 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/events", axum::routing::post(send_event))
         .route("/v1/schedules", get(list_schedules))
         .route("/v1/queues", get(read::list_queues))
+        .route("/v1/workers", get(read::list_workers))
         .route("/v1/webhooks/secret", get(read::webhook_secret))
         .route(
             "/v1/functions/{name}/schedule/{action}",

@@ -62,6 +62,7 @@ pub(crate) const PAGE_PATH: &str = "/docs";
         crate::api::runs::send_event,
         crate::api::schedules::list_schedules,
         crate::api::read::list_queues,
+        crate::api::read::list_workers,
         crate::api::read::webhook_secret,
         crate::admin::create_tenant,
         crate::admin::list_tenants,

@@ -16,6 +16,7 @@ use wasq_sandbox::{AttemptError, AttemptOutcome, AttemptSpec, Journal, JournalEr
 use crate::App;
 
 mod attempt;
+mod beat;
 mod finisher;
 mod journal;
 
@@ -136,6 +137,8 @@ pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
         hard_stop.clone(),
     ));
     let finisher = Finisher::spawn(app.store.clone());
+    let beating = CancellationToken::new();
+    let beats = tokio::spawn(beat::run(app.clone(), beating.clone()));
     let mut attempts = JoinSet::new();
     let mut store_errors = 0u32;
     // The last claim filled every free slot: there is a backlog.
@@ -269,6 +272,9 @@ pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
     }
     hard_stop.cancel();
     let _ = renewer.await;
+    beating.cancel();
+    let _ = beats.await;
+    beat::leave(&app).await;
 }
 
 /// Returns when work may have become claimable: created in this process, announced by

@@ -290,6 +290,30 @@ impl Feed for MemoryStore {
 }
 
 #[async_trait]
+impl Workers for MemoryStore {
+    async fn beat(&self, beat: WorkerBeat) -> Result<(), StoreError> {
+        self.with(|st, _| st.workers.insert(beat.id.clone(), beat));
+        Ok(())
+    }
+
+    async fn leave(&self, id: &str) -> Result<(), StoreError> {
+        self.with(|st, _| st.workers.remove(id));
+        Ok(())
+    }
+
+    async fn workers(&self, since: Millis) -> Result<Vec<WorkerBeat>, StoreError> {
+        Ok(self.with(|st, _| {
+            st.workers
+                .values()
+                .filter(|w| w.seen_at >= since)
+                .take(wasq_core::workers::MAX_WORKERS_LISTED)
+                .cloned()
+                .collect()
+        }))
+    }
+}
+
+#[async_trait]
 impl Retention for MemoryStore {
     async fn purge(&self, req: PurgeRequest) -> Result<usize, StoreError> {
         self.with(|st, now| Ok(storage::purge(st, now, req)))

@@ -27,6 +27,8 @@ pub(crate) struct State {
     /// Functions and runs that pin each digest (a component is collected at 0).
     pub(crate) digest_refs: HashMap<String, usize>,
     pub(crate) tenants: BTreeMap<String, Tenant>,
+    /// The worker registry: each worker's latest heartbeat, by id.
+    pub(crate) workers: BTreeMap<String, wasq_core::WorkerBeat>,
     pub(crate) keys: BTreeMap<String, ApiKey>,
     /// Oldest first; append-only.
     pub(crate) audit: Vec<AuditEntry>,

@@ -144,6 +144,7 @@ mod scripts;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod transition;
+mod workers;
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Arc;

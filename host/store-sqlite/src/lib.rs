@@ -48,6 +48,7 @@ mod schema;
 mod storage;
 mod transition;
 mod waits;
+mod workers;
 mod writer;
 
 use admission::*;
@@ -107,6 +108,7 @@ impl SqliteStore {
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         conn.execute_batch(SCHEMA).map_err(internal)?;
         conn.execute_batch(directory::SCHEMA).map_err(internal)?;
+        conn.execute_batch(workers::SCHEMA).map_err(internal)?;
         migrate(&conn)?;
         let conn = Arc::new(Mutex::new(conn));
         Ok(SqliteStore {

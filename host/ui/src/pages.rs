@@ -543,7 +543,7 @@ pub struct Queues {
     pub queues: Vec<(String, u64, u64)>,
     pub counts: Vec<Count>,
     pub oldest: Option<String>,
-    pub workers: String,
+    pub workers: Vec<WorkerRow>,
     pub chart: Vec<Slice>,
     pub chart_note: String,
 }
@@ -616,6 +616,34 @@ impl Queues {
 
     pub fn name(s: &str) -> String {
         format::line(s, CELL)
+    }
+}
+
+/// A worker as its last heartbeat described it.
+#[derive(Debug)]
+pub struct WorkerRow {
+    pub id: String,
+    pub queues: String,
+    pub busy: u32,
+    pub slots: u32,
+    pub up: String,
+    pub seen: String,
+}
+
+impl WorkerRow {
+    pub fn of(w: &wasq_core::WorkerBeat, now: Millis) -> WorkerRow {
+        WorkerRow {
+            id: format::line(&w.id, CELL),
+            queues: if w.queues.is_empty() {
+                "all".into()
+            } else {
+                format::line(&w.queues.join(", "), 400)
+            },
+            busy: w.busy,
+            slots: w.slots,
+            up: format::duration(now - w.started_at),
+            seen: format!("{} ago", format::duration(now - w.seen_at)),
+        }
     }
 }
 

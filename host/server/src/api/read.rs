@@ -372,6 +372,27 @@ pub(super) async fn get_logs(
     Ok(Json(lines))
 }
 
+/// `GET /v1/workers`: the workers heard from in the last `WORKER_GONE_MS`, by id (any
+/// key: attempts already name their workers to tenants).
+#[utoipa::path(
+    get,
+    path = "/v1/workers",
+    tag = "queues",
+    summary = "The workers executing runs, with their queues and slots in use",
+    description = "Every worker process (`wasq worker`, `wasq dev`, `wasq server --concurrency N`) heard from in the last 30 s: its id (`host-pid`, as attempts name it), the queues it takes (empty: all), its slots and how many were busy at its last heartbeat (every 5 s), when it started and was last heard from (Unix ms). A worker that stopped cleanly is gone at once.",
+    security(("tenant_key" = []), ("operator_key" = [])),
+    responses(
+        crate::openapi::Refusals,
+        (status = 200, description = "The workers, by id", body = Vec<wasq_core::WorkerBeat>),
+    ),
+)]
+pub(crate) async fn list_workers(
+    State(app): State<Arc<App>>,
+) -> Result<Json<Vec<wasq_core::WorkerBeat>>, ApiError> {
+    let since = app.now() - wasq_core::workers::WORKER_GONE_MS;
+    Ok(Json(app.store.workers(since).await?))
+}
+
 /// `GET /v1/queues`: runs waiting to start and running per queue, for every queue a
 /// function of the tenant names or a run waits in, by name.
 #[utoipa::path(

@@ -426,15 +426,7 @@ pub(super) async fn queues(session: Session) -> Response {
     let now = session.app.now();
     let (recent, sampled) = recent(&session, None).await;
     let (chart, chart_note) = page::Queues::chart(&recent, now, sampled);
-    let slots = session.app.config.concurrency;
-    let busy = session.app.in_flight.len();
-    let workers = if slots == 0 {
-        "this server executes nothing; workers on other machines are not listed".to_owned()
-    } else {
-        format!(
-            "this server: {busy} of {slots} slots in use (workers on other machines are not listed)"
-        )
-    };
+    let workers: Vec<wasq_core::WorkerBeat> = session.get("/v1/workers").await.unwrap_or_default();
     html(page::Queues {
         layout: session.layout("queues"),
         queues: depths
@@ -457,7 +449,10 @@ pub(super) async fn queues(session: Session) -> Response {
             })
             .collect(),
         oldest: page::Queues::oldest(load.oldest_queued_at, now),
-        workers,
+        workers: workers
+            .iter()
+            .map(|w| page::WorkerRow::of(w, now))
+            .collect(),
         chart,
         chart_note,
     })
