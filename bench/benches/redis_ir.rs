@@ -8,6 +8,9 @@
 //! change to a script shows as a number, not as noise. (Instructions are not time: a
 //! cache miss costs more than an add. The `redis` bench reports the time.)
 //!
+//! It also prints the Redis memory a queued run takes (`used_memory` before and after the
+//! enqueue), which does not depend on the machine either.
+//!
 //! `cargo bench -p wasq-bench --bench redis_ir` (N defaults to 2000, `WASQ_BENCH_N` sets
 //! it; needs `valgrind`). Redis runs about 50× slower under callgrind. With
 //! `WASQ_BENCH_CALLGRIND_DIR=DIR` the dumps (one per phase, in order) are kept in DIR for
@@ -86,6 +89,15 @@ impl Counted {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Redis's `used_memory`, bytes.
+    fn used_memory(&self) -> i64 {
+        let info = self.cli(&["INFO", "memory"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("INFO memory has used_memory")
+    }
+
     fn control(&self, flag: &str) {
         let ok = Command::new("callgrind_control")
             .arg(flag)
@@ -157,8 +169,9 @@ fn totals(path: &PathBuf) -> Option<u64> {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
 }
 
-/// wasq with `guest`: instructions per run to enqueue N (store API), then to drain them.
-async fn wasq(redis: &Counted, n: usize, guest: &str) -> (f64, f64) {
+/// wasq with `guest`: instructions per run to enqueue N (store API), then to drain them,
+/// and the Redis memory a queued run takes (its input is about 10 bytes).
+async fn wasq(redis: &Counted, n: usize, guest: &str) -> (f64, f64, f64) {
     let dir = tempfile::tempdir().unwrap();
     let shutdown = CancellationToken::new();
     let url = redis.url();
@@ -168,6 +181,7 @@ async fn wasq(redis: &Counted, n: usize, guest: &str) -> (f64, f64) {
             .await
             .unwrap(),
     );
+    let memory_before = redis.used_memory();
     redis.zero();
     let mut tasks = tokio::task::JoinSet::new();
     for t in 0..10 {
@@ -187,6 +201,7 @@ async fn wasq(redis: &Counted, n: usize, guest: &str) -> (f64, f64) {
     }
     tasks.join_all().await;
     let enqueue = redis.read() as f64 / n as f64;
+    let memory = (redis.used_memory() - memory_before) as f64 / n as f64;
 
     let mut config = redis_worker(dir.path().join("worker"), &url, CONCURRENCY);
     config.scheduler = false;
@@ -198,7 +213,7 @@ async fn wasq(redis: &Counted, n: usize, guest: &str) -> (f64, f64) {
     shutdown.cancel();
     let _ = worker.wait().await;
     let _ = server.wait().await;
-    (enqueue, drain)
+    (enqueue, drain, memory)
 }
 
 /// Each transition on its own, through the store API: instructions per run to enqueue N
@@ -303,8 +318,8 @@ fn main() {
         .unwrap();
     let [t_enqueue, t_claim, t_end] = rt.block_on(transitions(&redis, n, false));
     let [_, _, t_end_step] = rt.block_on(transitions(&redis, n, true));
-    let (enqueue, drain) = rt.block_on(wasq(&redis, n, "echo"));
-    let (step_enqueue, step_drain) = rt.block_on(wasq(&redis, n, "one_step"));
+    let (enqueue, drain, memory) = rt.block_on(wasq(&redis, n, "echo"));
+    let (step_enqueue, step_drain, _) = rt.block_on(wasq(&redis, n, "one_step"));
     redis.cli(&["FLUSHALL"]);
     redis.cli(&["FUNCTION", "FLUSH"]);
     let bull = bullmq(&redis, n);
@@ -330,6 +345,7 @@ fn main() {
         k(t_end_step)
     );
     println!("  BullMQ add + process: {:.1}k", k(bull));
+    println!("  Redis memory per queued run (a ~10-byte input): {memory:.0} B");
     println!(
         "  ratio wasq ÷ BullMQ, whole life: no-op {:.2}, one step {:.2}",
         (enqueue + drain) / bull,
@@ -343,6 +359,7 @@ fn main() {
             "wasq_one_step": { "enqueue": step_enqueue, "drain": step_drain },
             "transitions": { "enqueue": t_enqueue, "claim": t_claim, "end": t_end, "end_with_step": t_end_step },
             "bullmq": bull,
+            "memory_per_queued_run": memory,
         }),
     );
 }

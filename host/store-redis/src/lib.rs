@@ -117,9 +117,8 @@
 //! | `P rdig` | hash | `digest\|sv` (component and settings version) → runs that pin them (built once from the runs when missing: `meta.rdig`) |
 //! | `P leases` | zset | running runs by lease expiry |
 //! | `P timeouts` | zset | waiting runs with a time limit, by that limit |
-//! | `P all` | zset | every run by creation time (listing) |
 //! | `P byfn:<function>` | zset | runs of a function by creation time |
-//! | `P st:<status>` | zset | runs in a status by creation time |
+//! | `P st:<status>` | zset | runs in a status by creation time (between them, every run: an unfiltered listing merges them) |
 //! | `P kids:<parent>` | zset | child runs by creation time |
 //! | `P ended:ok`, `P ended:bad` | zset | succeeded / failed and cancelled runs by finish time (purge) |
 //! | `P idem:<function>` | hash | idempotency key → `created_at:run id` |
@@ -253,7 +252,7 @@ const COLLECT_MIN_IDLE: Duration = Duration::from_secs(3600);
 /// entries), so every index is a skiplist or hashtable (a smaller tenant is overcounted a
 /// little; `tests/tests/storage_usage.rs` checks a mixed workload within 10%):
 /// - `run`: the run's hash while packed (about 17 small fields: ~550 bytes; see
-///   `UNPACK_COST` for one that is not), its entries in `all`, `byfn:`, `st:` and
+///   `UNPACK_COST` for one that is not), its entries in `byfn:`, `st:` and
 ///   `ended:` (~130 bytes each, the zset's hash table included), and its `att:` list's
 ///   key (~250 bytes: nearly every run runs);
 /// - `attempt`: one entry of `att:` besides the worker name and error it holds;
@@ -264,7 +263,7 @@ const COLLECT_MIN_IDLE: Duration = Duration::from_secs(3600);
 /// - `function`: its `fn:` hash (settings included), its entries in `fns` and `sub:`, and
 ///   its component's key.
 pub(crate) const COST: CostModel = CostModel {
-    run: 1_160,
+    run: 1_030,
     attempt: 50,
     step: 40,
     log_line: 5,

@@ -13,31 +13,47 @@ impl RedisStore {
         prefix: &str,
         limit: usize,
     ) -> Result<Vec<RunId>, StoreError> {
-        // An id starts with its run's creation time (wasq_core::ids) and `all` holds every
-        // run by creation time, so the prefix's time window holds exactly the runs whose
-        // ids share its time digits. Each of them matches a prefix of up to 12 digits, so
-        // the first page answers; a longer prefix names one millisecond, whose runs are
-        // read a page at a time until `limit` match or none is left.
+        // An id starts with its run's creation time (wasq_core::ids) and the `st:` indexes
+        // hold every run between them by creation time, so the prefix's time window holds
+        // exactly the runs whose ids share its time digits. Each of them matches a prefix
+        // of up to 12 digits, so one page of each index answers; a longer prefix names one
+        // millisecond, whose runs are read a page at a time until `limit` match or none is
+        // left. Within an index ids come in order, so the `limit` smallest of all are among
+        // the first `limit` matches of each.
         const PAGE: usize = 1_000;
         let (lo, hi) = wasq_core::ids::prefix_window(prefix);
-        let key = format!("{}all", self.tenant_prefix(tenant));
+        let tenant_prefix = self.tenant_prefix(tenant);
+        let keys = RunStatus::ALL.map(|s| format!("{tenant_prefix}st:{s}"));
+        let range = |key: &str, offset: usize| {
+            let mut cmd = redis::cmd("ZRANGEBYSCORE");
+            cmd.arg(key)
+                .arg(lo)
+                .arg(hi)
+                .arg("LIMIT")
+                .arg(offset)
+                .arg(PAGE);
+            cmd
+        };
+        // The first page of every index in one round trip; the rare index with more in a
+        // millisecond is read on alone.
+        let mut pipe = redis::pipe();
+        for key in &keys {
+            pipe.add_command(range(key, 0));
+        }
+        let mut c = self.inner.conn.clone();
+        let firsts: Vec<Vec<String>> = self.timed(pipe.query_async(&mut c)).await?;
         let mut found = Vec::new();
-        for offset in (0..).step_by(PAGE) {
-            let ids: Vec<String> = self
-                .query(
-                    redis::cmd("ZRANGEBYSCORE")
-                        .arg(&key)
-                        .arg(lo)
-                        .arg(hi)
-                        .arg("LIMIT")
-                        .arg(offset)
-                        .arg(PAGE),
-                )
-                .await?;
-            let last_page = ids.len() < PAGE;
-            found.extend(ids.into_iter().filter(|id| id.starts_with(prefix)));
-            if last_page || found.len() >= limit {
-                break;
+        for (key, mut ids) in keys.iter().zip(firsts) {
+            let mut matched = 0;
+            for offset in (PAGE..).step_by(PAGE) {
+                let last_page = ids.len() < PAGE;
+                let before = found.len();
+                found.extend(ids.into_iter().filter(|id| id.starts_with(prefix)));
+                matched += found.len() - before;
+                if last_page || matched >= limit {
+                    break;
+                }
+                ids = self.query(&range(key, offset)).await?;
             }
         }
         found.sort();
@@ -119,7 +135,8 @@ impl RedisStore {
             return Ok(Vec::new());
         }
         // Read the smallest index that covers the query; filter the rest here.
-        let mut indexes = vec!["all".to_owned()];
+        // `*`: every run (the script merges the `st:` indexes).
+        let mut indexes = vec!["*".to_owned()];
         if let Some(p) = &q.parent {
             indexes.push(format!("kids:{p}"));
         }

@@ -75,6 +75,10 @@ fn placeholders() -> Vec<(&'static str, String)> {
         ("@FLOW_ARGS@", FLOW_ARGS.to_string()),
         ("@FEED_KEEP@", wasq_core::feed::FEED_KEEP.to_string()),
         ("@RUN_FIELDS@", lua_strings(RUN_FIELDS)),
+        (
+            "@STATUSES@",
+            lua_strings(&wasq_core::RunStatus::ALL.map(|s| s.as_str())),
+        ),
         ("@REAP_BATCH@", REAP_BATCH.to_string()),
         ("@PROMOTE_BATCH@", PROMOTE_BATCH.to_string()),
         ("@PARK_BUDGET@", PARK_BUDGET.to_string()),

@@ -146,15 +146,15 @@ async fn tenants_spread_over_masters_and_all_runs_complete() {
     for tenant in TENANTS {
         let prefix = store.tenant_prefix(tenant);
         let meta = format!("{prefix}meta");
-        let all = format!("{prefix}all");
+        let succeeded = format!("{prefix}st:succeeded");
         let port = cluster.node_of(&meta);
-        assert_eq!(cluster.node_of(&all), port, "one slot per tenant");
+        assert_eq!(cluster.node_of(&succeeded), port, "one slot per tenant");
         let node = cluster
             .nodes()
             .iter()
             .find(|n| n.port() == port)
             .expect("node");
-        assert_eq!(node.cli(&["EXISTS", &all]).trim(), "1");
+        assert_eq!(node.cli(&["EXISTS", &succeeded]).trim(), "1");
         let slot = node.cli(&["CLUSTER", "KEYSLOT", &meta]);
         eprintln!(
             "tenant {tenant:9} slot {:5} -> master 127.0.0.1:{port}",

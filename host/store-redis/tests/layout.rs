@@ -327,3 +327,49 @@ async fn the_run_an_enqueue_returns_is_the_run_stored() {
         assert_eq!(made.run, stored);
     }
 }
+
+/// Runs are indexed by status, function and lane only: no index of every run. A tenant an
+/// older wasq wrote still has its `all` index; its first purge drops it, and listings and
+/// id prefixes find the runs through the status indexes meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_index_of_all_runs_and_an_old_one_goes_at_the_first_purge() {
+    let server = RedisServer::start(RedisOptions::default());
+    let store = store(&server.url()).await;
+    deploy(&store).await;
+    let p = store.tenant_prefix("t");
+    let all = format!("{p}all");
+    let done = enqueue(&store, b"1").await;
+    let running = enqueue(&store, b"2").await;
+    assert_eq!(
+        server.cli(&["EXISTS", &all]).trim(),
+        "0",
+        "nothing writes it"
+    );
+    let claimed = claim(&store).await;
+    succeed(&store, &claimed[..1]).await;
+    assert_eq!(claimed[0].run.id, done.id);
+
+    // What an older wasq left behind.
+    for run in [&done, &running] {
+        server.cli(&["ZADD", &all, &run.created_at.to_string(), &run.id]);
+    }
+    let listed: Vec<String> = store
+        .runs(RunQuery {
+            tenant: "t".into(),
+            limit: 10,
+            ..RunQuery::default()
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(listed, [running.id.clone(), done.id.clone()]);
+    assert_eq!(
+        store.run_ids("t", &done.id[..30], 5).await.unwrap(),
+        [done.id.clone()]
+    );
+    assert_eq!(purge_all(&store).await, 1);
+    assert_eq!(server.cli(&["EXISTS", &all]).trim(), "0", "dropped");
+    assert!(store.run("t", &running.id).await.unwrap().is_some());
+}

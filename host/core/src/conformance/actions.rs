@@ -92,6 +92,9 @@ pub(super) async fn run_id_prefixes(store: impl Store, clock: ManualClock) {
     let b = enqueue(&store, "f", "2").await;
     clock.advance(3_600_000);
     let c = enqueue(&store, "f", "3").await;
+    // One of a and b runs, the others wait: runs are found whatever their state.
+    let claimed = claim(&store, "w", 1).await.remove(0).run.id;
+    assert!(claimed == a.id || claimed == b.id, "{claimed}");
     for run in [&a, &b, &c] {
         let (lo, hi) = ids::prefix_window(&run.id[..13]);
         assert_eq!(

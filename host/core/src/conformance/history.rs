@@ -111,6 +111,17 @@ pub(super) async fn listing(store: impl Store, clock: ManualClock) {
         .unwrap();
     assert_eq!(running.len(), 1);
     assert_eq!(running[0].id, c.run.id);
+    assert_eq!(c.run.id, ids[0], "the oldest is claimed first");
+    assert_eq!(
+        listed(query(None, None)).await,
+        newest_first,
+        "runs in different states list together, newest first"
+    );
+    assert_eq!(
+        listed(page(None, Some(ids[1].clone()), None, 5)).await,
+        [ids[0].clone()],
+        "pages run across states"
+    );
     let other = RunQuery {
         tenant: "someone-else".into(),
         ..query(None, None)

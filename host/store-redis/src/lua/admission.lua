@@ -159,7 +159,6 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
   charge(nil, cost)
   -- The component stays while a run pins it (see collect_components in lib.rs).
   redis.call('HINCRBY', KRDIG, pin(f[1], sv), 1)
-  redis.call('ZADD', KALL, NOW, id)
   redis.call('ZADD', P .. 'byfn:' .. fname, NOW, id)
   redis.call('ZADD', stkey(status), NOW, id)
   if status == 'skipped' then

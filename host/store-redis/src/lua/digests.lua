@@ -3,9 +3,11 @@
 -- (`sets`) nobody refers to any more are deleted here, given back to the tenant.
 if redis.call('HGET', KMETA, 'rdig') ~= '1' then
   redis.call('DEL', KRDIG)
-  for _, id in ipairs(redis.call('ZRANGE', KALL, 0, -1)) do
-    local r = redis.call('HMGET', runkey(id), 'digest', 'sv')
-    if r[1] then redis.call('HINCRBY', KRDIG, pin(r[1], r[2]), 1) end
+  for _, status in ipairs(STATUSES) do
+    for _, id in ipairs(redis.call('ZRANGE', stkey(status), 0, -1)) do
+      local r = redis.call('HMGET', runkey(id), 'digest', 'sv')
+      if r[1] then redis.call('HINCRBY', KRDIG, pin(r[1], r[2]), 1) end
+    end
   end
   redis.call('HSET', KMETA, 'rdig', '1')
 end

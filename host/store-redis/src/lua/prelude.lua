@@ -15,7 +15,10 @@ local function runkey(id) return P .. 'run:' .. id end
 -- serve the same tenant): building a key name costs a Lua string, which costs about as
 -- much as a cheap Redis command.
 local KP, KQ, KREADY, KLEASES, KUSAGE, KMETA, KQUOTAS, KTIMEOUTS, KGTIMER, KENDOK, KENDBAD
-local KALL, KRDIG, KSETS, KTCFG, KDEB, KST, KQUEUES, KLANES
+local KRDIG, KSETS, KTCFG, KDEB, KST, KQUEUES, KLANES
+-- Every status a run can have: its `st:<status>` indexes together hold every run once (there
+-- is no index of all runs: an unfiltered listing merges these).
+local STATUSES = { @STATUSES@ }
 local function stkey(status)
   local k = KST[status]
   if not k then
@@ -601,7 +604,7 @@ local function enter(args)
     KP = P
     KQ, KREADY, KLEASES, KUSAGE = P .. 'q', P .. 'ready', P .. 'leases', P .. 'usage'
     KMETA, KQUOTAS, KTIMEOUTS, KGTIMER = P .. 'meta', P .. 'quotas', P .. 'timeouts', P .. 'gtimer'
-    KENDOK, KENDBAD, KALL, KRDIG = P .. 'ended:ok', P .. 'ended:bad', P .. 'all', P .. 'rdig'
+    KENDOK, KENDBAD, KRDIG = P .. 'ended:ok', P .. 'ended:bad', P .. 'rdig'
     KSETS, KTCFG, KDEB, KST = P .. 'sets', P .. 'tcfg', P .. 'deb', {}
     KQUEUES, KLANES = P .. 'queues', {}
   end

@@ -9,7 +9,6 @@ local function delete(id)
     local k = pin(r[7], r[8])
     if redis.call('HINCRBY', KRDIG, k, -1) <= 0 then redis.call('HDEL', KRDIG, k) end
   end
-  redis.call('ZREM', KALL, id)
   redis.call('ZREM', KENDOK, id)
   redis.call('ZREM', KENDBAD, id)
   if r[1] then redis.call('ZREM', stkey(r[1]), id) end
@@ -29,6 +28,12 @@ local function delete(id)
     redis.call('ZREM', P .. 'dlvq', d)
   end
   redis.call('DEL', dk)
+end
+-- Runs were once also kept in an index of all runs, `all`: a tenant's first purge since
+-- drops it (UNLINK frees it off Redis's main thread).
+if redis.call('HGET', KMETA, 'noall') ~= '1' then
+  redis.call('UNLINK', P .. 'all')
+  redis.call('HSET', KMETA, 'noall', '1')
 end
 for _, pair in ipairs({ { 'ended:ok', ARGV[5] }, { 'ended:bad', ARGV[6] } }) do
   if n < LIMIT then
