@@ -404,3 +404,20 @@ async fn a_lost_script_library_is_loaded_again_cluster() {
         );
     }
 }
+
+/// While no worker waits, enqueues keep the wake list at its bound (64 tokens) and leave a
+/// full one alone; once workers have taken tokens, the next run's token is pushed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wake_list_stays_bounded_while_nobody_waits() {
+    let server = RedisServer::start(RedisOptions::default());
+    let store = deployed(&server.url(), "wasq").await;
+    let wake = "wasq:g:{wasq}:wake";
+    for _ in 0..100 {
+        store.enqueue(request("t", None)).await.unwrap();
+    }
+    assert_eq!(server.cli(&["LLEN", wake]).trim(), "64");
+    // Workers took all but ten.
+    server.cli(&["LTRIM", wake, "0", "9"]);
+    store.enqueue(request("t", None)).await.unwrap();
+    assert_eq!(server.cli(&["LLEN", wake]).trim(), "11");
+}

@@ -4,7 +4,11 @@
 -- `qs`: nil for a tenant with only the default queue, else flat (queue, next due or '',
 -- runs that entered its lane) triples; `update`: the due times are newer than what the
 -- keys hold.
+-- A list that holds WAKEMAX tokens already stays as it is (every token is the same '1'):
+-- while no worker waits, as when all are busy, an enqueue costs an LLEN, not a push and
+-- a trim.
 local function push_tokens(key, n)
+  if redis.call('LLEN', key) >= @WAKEMAX@ then return end
   local tokens = {}
   for i = 1, math.min(n, @WAKEMAX@) do tokens[i] = '1' end
   redis.call('LPUSH', key, unpack(tokens))
