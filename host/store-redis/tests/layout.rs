@@ -367,7 +367,7 @@ async fn no_index_of_all_runs_and_an_old_one_goes_at_the_first_purge() {
     assert_eq!(listed, [running.id.clone(), done.id.clone()]);
     assert_eq!(
         store.run_ids("t", &done.id[..30], 5).await.unwrap(),
-        [done.id.clone()]
+        vec![done.id.clone()]
     );
     assert_eq!(purge_all(&store).await, 1);
     assert_eq!(server.cli(&["EXISTS", &all]).trim(), "0", "dropped");
