@@ -153,16 +153,16 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
     queue_load(queue, status, 1)
   end
   if unpacked then add('up', '1') end
-  if parent ~= '' then redis.call('ZADD', P .. 'kids:' .. parent, NOW, id) end
+  if parent ~= '' then redis.call('ZADD', P .. 'kids:' .. parent, NOWS, id) end
   redis.call('HSET', runkey(id), unpack(fields))
   feed_note(id, status)
   charge(nil, cost)
   -- The component stays while a run pins it (see collect_components in lib.rs).
-  redis.call('HINCRBY', KRDIG, pin(f[1], sv), 1)
-  redis.call('ZADD', P .. 'byfn:' .. fname, NOW, id)
-  redis.call('ZADD', stkey(status), NOW, id)
+  redis.call('HINCRBY', KRDIG, pin(f[1], sv), '1')
+  redis.call('ZADD', P .. 'byfn:' .. fname, NOWS, id)
+  redis.call('ZADD', stkey(status), NOWS, id)
   if status == 'skipped' then
-    redis.call('ZADD', KENDOK, NOW, id)
+    redis.call('ZADD', KENDOK, NOWS, id)
   else
     if tonumber(due) <= NOW then
       lane_add(queue, I(tonumber(due) + tonumber(fl.offset)), id)

@@ -12,7 +12,7 @@ local wake = 0
 -- then n × (id, lease token, T_ARGS transition)) it applies each to a run still under
 -- that lease, and leaves runs that expired in between to the next claim. ARGV[11]: the
 -- queues to take from, comma-separated, in order ('': every queue, as one).
-local expired = redis.call('ZRANGEBYSCORE', KLEASES, '-inf', NOW, 'LIMIT', 0, @REAP_BATCH@)
+local expired = redis.call('ZRANGEBYSCORE', KLEASES, '-inf', NOWS, 'LIMIT', '0', '@REAP_BATCH@')
 if ARGV[10] == '' then
   local need = {}
   for _, id in ipairs(expired) do
@@ -41,7 +41,7 @@ for _, id in ipairs(expired) do
   end
 end
 -- Waits whose time is up resolve as timed out.
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', KTIMEOUTS, '-inf', NOW, 'LIMIT', 0, @REAP_BATCH@)) do
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KTIMEOUTS, '-inf', NOWS, 'LIMIT', '0', '@REAP_BATCH@')) do
   if redis.call('HGET', runkey(id), 'status') == 'waiting' then
     resolve_wait(id, @TIMED_OUT@)
     wake = wake + 1
@@ -52,7 +52,7 @@ end
 -- Throttle windows that opened: as many parked runs as they have room for go back into
 -- the lane, best rank first; while runs stay parked the gate's timer is set to when the
 -- window opens next (counting the let-through runs as started now).
-for _, gate in ipairs(redis.call('ZRANGEBYSCORE', KGTIMER, '-inf', NOW, 'LIMIT', 0, @REAP_BATCH@)) do
+for _, gate in ipairs(redis.call('ZRANGEBYSCORE', KGTIMER, '-inf', NOWS, 'LIMIT', '0', '@REAP_BATCH@')) do
   local pk = P .. 'park:' .. gate
   local cfg = redis.call('HGET', KTCFG, gate)
   local again = nil
@@ -79,7 +79,7 @@ for _, gate in ipairs(redis.call('ZRANGEBYSCORE', KGTIMER, '-inf', NOW, 'LIMIT',
 end
 -- Due runs enter the lane, ranked by due time + priority offset.
 -- (Workers of another queue learn of them from the due times published after.)
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', KREADY, '-inf', NOW, 'LIMIT', 0, @PROMOTE_BATCH@)) do
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KREADY, '-inf', NOWS, 'LIMIT', '0', '@PROMOTE_BATCH@')) do
   local h = redis.call('HMGET', runkey(id), 'due_at', 'rank_offset', 'qu')
   redis.call('ZREM', KREADY, id)
   redis.call('ZADD', lane(h[3] or nil), I(tonumber(h[1]) + tonumber(h[2] or '0')), id)
@@ -110,7 +110,7 @@ local function next_head()
   if merged then
     local best, bscore, bkey = nil, nil, nil
     for _, k in ipairs(lanes) do
-      local h = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
+      local h = redis.call('ZRANGE', k, '0', '0', 'WITHSCORES')
       if h[1] then
         local sc = tonumber(h[2])
         if not best or sc < bscore or (sc == bscore and h[1] < best) then

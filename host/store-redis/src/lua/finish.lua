@@ -118,7 +118,7 @@ local function finish(e)
     local until_, on, target = ARGV[W + 2], ARGV[W + 3], ARGV[W + 4]
     if until_ ~= '' then redis.call('ZADD', KTIMEOUTS, until_, id) end
     if on == 'event' then
-      local ver = redis.call('HINCRBY', P .. 'waitver', target, 1)
+      local ver = redis.call('HINCRBY', P .. 'waitver', target, '1')
       charge(id, unpack_cost(id, { 'wait_event', target }))
       redis.call('HSET', rk, 'wait_event', target, 'wait_ver', ver)
       redis.call('SADD', P .. 'waiters:' .. target, id)

@@ -2,7 +2,9 @@
 -- body runs: the library is loaded once and its functions share these. ARGV[1..4]:
 -- tenant key prefix P, global prefix G (or ''), now, tenant.
 local ARGV, P, G, NOW, TENANT
--- NOW as the caller sent it (an integer in decimal, as `I` writes numbers).
+-- NOW as the caller sent it (an integer in decimal, as `I` writes numbers). Arguments to
+-- `redis.call` are passed as strings where they can be: Redis formats a Lua number with
+-- snprintf("%.17g"), about 2.5k instructions each (5% of an enqueue's before 2026-12-05).
 local NOWS
 local WINDOW = @WINDOW@
 local WAKEMAX = @WAKEMAX@
@@ -251,7 +253,7 @@ end
 local function load_run(id, nosteps, fields)
   if nosteps then return { fields, {}, {} } end
   local sk = P .. 'steps:' .. id
-  local order = redis.call('LRANGE', P .. 'stepseq:' .. id, 0, -1)
+  local order = redis.call('LRANGE', P .. 'stepseq:' .. id, '0', '-1')
   local outs, budget = {}, INLINE
   for _, e in ipairs(order) do
     local field = string.match(e, '^[^|]*|[^|]*|(.*)$')
@@ -321,7 +323,7 @@ local function flush_feed()
   for i = 1, #FEEDQ, 2 do
     local id = FEEDQ[i]
     local h = redis.call('HMGET', runkey(id), 'function', 'attempt')
-    redis.call('XADD', P .. 'feed', 'MAXLEN', '~', @FEED_KEEP@, '*', 'r', id, 'f', h[1] or '',
+    redis.call('XADD', P .. 'feed', 'MAXLEN', '~', '@FEED_KEEP@', '*', 'r', id, 'f', h[1] or '',
       's', FEEDQ[i + 1], 'a', h[2] or '0', 't', NOWS)
   end
 end
@@ -427,10 +429,10 @@ end
 -- Ends the run's latest execution (the last element of its attempts list).
 local function close_attempt(id, err, fuel, suspended)
   local ak = P .. 'att:' .. id
-  local last = redis.call('LINDEX', ak, -1)
+  local last = redis.call('LINDEX', ak, '-1')
   if last then
     last = string.match(last, '^[^\n]*')
-    redis.call('LSET', ak, -1, last .. '\n' .. NOWS .. '|' .. fuel .. '|' .. suspended .. '|' .. err)
+    redis.call('LSET', ak, '-1', last .. '\n' .. NOWS .. '|' .. fuel .. '|' .. suspended .. '|' .. err)
     -- Never refused: a run over its quota must still be able to fail.
     charge(id, #err)
   end

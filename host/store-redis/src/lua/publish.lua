@@ -14,7 +14,7 @@ end
 local function maintenance_due()
   local best = nil
   for _, z in ipairs({ 'ready', 'leases', 'timeouts', 'gtimer' }) do
-    local h = redis.call('ZRANGE', P .. z, 0, 0, 'WITHSCORES')
+    local h = redis.call('ZRANGE', P .. z, '0', '0', 'WITHSCORES')
     if h[2] then
       local s = tonumber(h[2])
       if best == nil or s < best then best = s end
@@ -117,7 +117,7 @@ local function publish(wake, force, h)
   end
   local seq = 0
   if changed then
-    seq = redis.call('HINCRBY', meta, 'seq', 1)
+    seq = redis.call('HINCRBY', meta, 'seq', '1')
     redis.call('HSET', meta, 'next', ns)
   end
   return send_hint(seq, ns, wake, changed, qs)

@@ -7,7 +7,7 @@ local function delete(id)
   charge(nil, -(tonumber(r[5] or '0') + tonumber(r[6] or '0')))
   if r[7] then
     local k = pin(r[7], r[8])
-    if redis.call('HINCRBY', KRDIG, k, -1) <= 0 then redis.call('HDEL', KRDIG, k) end
+    if redis.call('HINCRBY', KRDIG, k, '-1') <= 0 then redis.call('HDEL', KRDIG, k) end
   end
   redis.call('ZREM', KENDOK, id)
   redis.call('ZREM', KENDBAD, id)

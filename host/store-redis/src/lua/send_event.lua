@@ -43,7 +43,7 @@ local full = tenant_full(cost)
 if full then return full end
 if seen then charge(nil, -event_cost(EID)) end
 redis.call('HSET', P .. 'events', EID, NOWS)
-redis.call('ZADD', P .. 'evz', NOW, EID)
+redis.call('ZADD', P .. 'evz', NOWS, EID)
 charge(nil, event_cost(EID))
 forget_events(100)
 local wake = 0
