@@ -350,14 +350,15 @@ pub(crate) async fn status(
         bytes(&q["max_stored_bytes"]),
     );
     outln!("{}", queues_table(&queues));
-    let busy: u64 = items(&workers).filter_map(|w| w["busy"].as_u64()).sum();
-    let slots: u64 = items(&workers).filter_map(|w| w["slots"].as_u64()).sum();
+    let workers: Vec<&Value> = items(&workers).collect();
+    let busy: u64 = workers.iter().filter_map(|w| w["busy"].as_u64()).sum();
+    let slots: u64 = workers.iter().filter_map(|w| w["slots"].as_u64()).sum();
     outln!(
         "workers heard from in the last 30 s: {}, {busy} of {slots} slots in use",
-        items(&workers).count()
+        workers.len()
     );
     let mut t = table(&["WORKER", "QUEUES", "BUSY", "SLOTS"]);
-    for w in items(&workers) {
+    for w in &workers {
         let queues: Vec<String> = items(&w["queues"]).map(out::field).collect();
         t.add_row(vec![
             out::field(&w["id"]),
@@ -370,7 +371,7 @@ pub(crate) async fn status(
             out::field(&w["slots"]),
         ]);
     }
-    if items(&workers).next().is_some() {
+    if !workers.is_empty() {
         outln!("{t}");
     }
     Ok(std::process::ExitCode::SUCCESS)

@@ -19,14 +19,13 @@ pub const WORKER_BEAT_MS: Millis = 5_000;
 pub const WORKER_GONE_MS: Millis = 30_000;
 /// Workers one listing answers at most.
 pub const MAX_WORKERS_LISTED: usize = 1000;
-/// Longest worker id kept (a host name and a process id).
-pub const MAX_WORKER_ID: usize = 128;
 
 /// A worker as its last heartbeat described it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WorkerBeat {
-    /// `<host>-<pid>`: what runs' attempts name as their worker.
+    /// `<host>-<pid>`: what runs' attempts name as their worker (set by the worker
+    /// process, not by a tenant; the kernel bounds a host name to 64 bytes).
     pub id: String,
     /// The queues it takes runs from, in order; empty: every queue.
     pub queues: Vec<String>,

@@ -426,7 +426,10 @@ pub(super) async fn queues(session: Session) -> Response {
     let now = session.app.now();
     let (recent, sampled) = recent(&session, None).await;
     let (chart, chart_note) = page::Queues::chart(&recent, now, sampled);
-    let workers: Vec<wasq_core::WorkerBeat> = session.get("/v1/workers").await.unwrap_or_default();
+    let workers: Vec<wasq_core::WorkerBeat> = match session.get("/v1/workers").await {
+        Ok(w) => w,
+        Err(e) => return session.refused(e),
+    };
     html(page::Queues {
         layout: session.layout("queues"),
         queues: depths
