@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::clock::Clock;
-use crate::workers::{WORKER_GONE_MS, WorkerBeat, Workers};
+use crate::workers::{MAX_WORKERS_LISTED, WORKER_GONE_MS, WorkerBeat, Workers};
 
 pub(super) async fn workers(store: impl Store + Directory + Workers, clock: ManualClock) {
     let beat = |id: &str, busy: u32, at: Millis| WorkerBeat {
@@ -46,4 +46,16 @@ pub(super) async fn workers(store: impl Store + Directory + Workers, clock: Manu
             .iter()
             .all(|w| w.id != "a-1")
     );
+
+    // A listing answers at most MAX_WORKERS_LISTED, the first by id.
+    for i in 0..=MAX_WORKERS_LISTED {
+        store
+            .beat(beat(&format!("w-{i:04}"), 0, clock.now_ms()))
+            .await
+            .unwrap();
+    }
+    let listed = store.workers(clock.now_ms()).await.unwrap();
+    assert_eq!(listed.len(), MAX_WORKERS_LISTED);
+    assert_eq!(listed[0].id, "w-0000");
+    assert_eq!(listed[MAX_WORKERS_LISTED - 1].id, "w-0999");
 }
