@@ -27,7 +27,7 @@
 //! `cargo bench -p wasq-bench --bench compare`. `WASQ_BENCH_N` (runs per drain, default
 //! 10000; concurrency 1 drains a tenth), `WASQ_BENCH_REPEAT` (default 3),
 //! `WASQ_BENCH_QUICK=1` (one repeat of N=2000, concurrency 50 only, no child benchmarks),
-//! `WASQ_BENCH_PERF=1` (a `perf` profile of each wasq drain at c=50, see [`Profile`]).
+//! `WASQ_BENCH_PERF=1` (a `perf` profile of each wasq drain at c=50 and of the creates over HTTP, see [`Profile`]).
 //! Writes every sample and median to `target/wasq-bench/compare.json`.
 
 mod queue;
@@ -121,7 +121,7 @@ impl Guest {
 }
 
 /// With `WASQ_BENCH_PERF=1`, a `perf record -g` of the bench process and Redis during a
-/// c=50 drain, written to `target/wasq-bench/perf-<what>.data` (render with `perf script
+/// c=50 drain and the creates over HTTP, written to `target/wasq-bench/perf-<what>.data` (render with `perf script
 /// -i FILE | inferno-collapse-perf | inferno-flamegraph > FILE.svg`). Stops on drop.
 struct Profile(Option<std::process::Child>);
 
@@ -132,6 +132,10 @@ impl Profile {
         }
         let out =
             queue::json_path(&format!("perf-{}", what.replace(' ', "-"))).with_extension("data");
+        // perf does not create the directory (on a fresh checkout nothing has yet).
+        if let Some(dir) = out.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
         let pids = format!("{},{}", std::process::id(), redis.pid().unwrap_or(0));
         let child = Command::new("perf")
             .args(["record", "-F", "999", "-g", "--quiet", "-p", &pids, "-o"])
@@ -231,12 +235,14 @@ async fn wasq(opts: &Opts, guest: Guest, c: usize, s: &mut Samples) {
         let http_n = n / 2;
         let path = format!("/v1/functions/{function}/runs");
         let before = RedisStats::read(port);
+        let profile = Profile::start("wasq create over HTTP", &redis);
         let start = Instant::now();
         queue::create_over_http(api.clone(), &path, http_n, HTTP_IN_FLIGHT, |_| {
             String::from_utf8(payload(0)).unwrap()
         })
         .await;
         let rate = http_n as f64 / start.elapsed().as_secs_f64();
+        drop(profile);
         let (cpu, _, _) = before.per_run(&RedisStats::read(port), http_n);
         add(
             s,
@@ -555,10 +561,7 @@ fn main() {
             "could not build the latency and embedded benchmarks"
         );
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = queue::daemon_runtime();
     let (mut kept, mut loaded) = (Samples::new(), Samples::new());
     let (mut kept_n, mut loaded_n) = (0, 0);
     let (mut best, mut attempts) = (f64::MAX, 0);

@@ -319,10 +319,7 @@ fn main() {
     let secs = env("WASQ_BENCH_SECS", 5.0);
     let max_n = env("WASQ_BENCH_N", 20_000.0) as usize;
     let redis = RedisServer::start(RedisOptions::default());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = queue::daemon_runtime();
     let wq = rt.block_on(wasq(&redis, secs, max_n));
     redis.cli(&["FLUSHALL"]);
     redis.cli(&["FUNCTION", "FLUSH"]);

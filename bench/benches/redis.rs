@@ -138,10 +138,7 @@ fn main() {
         .unwrap_or(20_000);
     // Same server, same settings for both: no AOF, so neither side waits on the disk.
     let redis = RedisServer::start(RedisOptions::default());
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = queue::daemon_runtime();
     let (wq_enqueue, wq_drain) = rt.block_on(wasq(&redis.url(), redis.port(), n, "echo", true));
     let (_, wq_step_drain) = rt.block_on(wasq(&redis.url(), redis.port(), n, "one_step", false));
     // BullMQ starts from an empty Redis: neither wasq's runs nor the Lua state its

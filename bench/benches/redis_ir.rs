@@ -312,10 +312,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(2000);
     let redis = Counted::start();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = queue::daemon_runtime();
     let [t_enqueue, t_claim, t_end] = rt.block_on(transitions(&redis, n, false));
     let [_, _, t_end_step] = rt.block_on(transitions(&redis, n, true));
     let (enqueue, drain, memory) = rt.block_on(wasq(&redis, n, "echo"));

@@ -360,6 +360,35 @@ pub(crate) struct DaemonArgs {
     /// addresses stay refused.
     #[arg(long)]
     pub(crate) allow_loopback_egress: bool,
+    /// Threads of the async runtime, which serves the API, talks to the store and runs
+    /// the guests (default: one per core, less one when --redis names this machine, so
+    /// that Redis keeps a core of its own).
+    #[arg(long, env = "WASQ_THREADS", value_parser = at_least_one)]
+    pub(crate) threads: Option<usize>,
+}
+
+impl Command {
+    /// The runtime threads a daemon verb runs on (`--threads`, else
+    /// [`wasq_server::runtime_threads`] for its store); `None` for the client verbs.
+    pub(crate) fn daemon_threads(&self) -> Option<usize> {
+        use wasq_server::StoreBackend;
+        let store = |redis: &Option<String>| {
+            redis
+                .clone()
+                .map_or(StoreBackend::Sqlite, StoreBackend::Redis)
+        };
+        let (daemon, store) = match self {
+            Command::Dev(a) => (&a.daemon, store(&a.redis)),
+            Command::Server(a) => (&a.daemon, StoreBackend::Redis(a.redis.clone())),
+            Command::Worker(a) => (&a.daemon, store(&a.redis)),
+            _ => return None,
+        };
+        Some(
+            daemon
+                .threads
+                .unwrap_or_else(|| wasq_server::runtime_threads(&store)),
+        )
+    }
 }
 
 impl DaemonArgs {

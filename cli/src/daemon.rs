@@ -97,6 +97,12 @@ async fn serve(verb: &str, config: wasq_server::Config, place: String) -> Result
         format!(" from queues {}", config.queues.join(", "))
     };
     let data = config.data_dir.clone();
+    // The runtime main() built from --threads or the store (wasq_server::runtime_threads).
+    let threads = match tokio::runtime::Handle::current().metrics().num_workers() {
+        1 => "1 thread".to_owned(),
+        n => format!("{n} threads"),
+    };
+    let shown = format!("{place}, {threads}");
     let shutdown = CancellationToken::new();
     // Before starting: a daemon waiting for its Redis stops on Ctrl-C / SIGTERM too.
     tokio::spawn(stop_on_signal(shutdown.clone()));
@@ -105,7 +111,7 @@ async fn serve(verb: &str, config: wasq_server::Config, place: String) -> Result
         .with_context(|| format!("cannot start {verb} ({place})"))?;
     match running.addr {
         Some(addr) => {
-            outln!("{verb}: API on http://{addr} ({place}); Ctrl-C to stop");
+            outln!("{verb}: API on http://{addr} ({shown}); Ctrl-C to stop");
             if let Some(key) = &running.dev_key {
                 outln!(
                     "tenant \"default\", key {key} (in {}/dev.key, which client verbs read from this folder)",
@@ -115,12 +121,12 @@ async fn serve(verb: &str, config: wasq_server::Config, place: String) -> Result
         }
         None if burst => {
             outln!(
-                "{verb}: running what is due{from}, up to {concurrency} at once ({place}), then exiting"
+                "{verb}: running what is due{from}, up to {concurrency} at once ({shown}), then exiting"
             )
         }
         None => {
             outln!(
-                "{verb}: running up to {concurrency} runs at once{from} ({place}); Ctrl-C to stop"
+                "{verb}: running up to {concurrency} runs at once{from} ({shown}); Ctrl-C to stop"
             )
         }
     }

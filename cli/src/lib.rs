@@ -60,7 +60,14 @@ pub fn main() -> ExitCode {
     // child process under time and memory bounds): compile and exit. Otherwise a no-op.
     wasq_server::compile_child_main();
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match cli.command.daemon_threads() {
+        Some(n) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build(),
+        None => tokio::runtime::Runtime::new(),
+    };
+    let runtime = match runtime {
         Ok(rt) => rt,
         Err(e) => {
             errln!("error: cannot start the async runtime: {e}");

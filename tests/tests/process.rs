@@ -335,3 +335,74 @@ async fn kill_9_during_a_durable_sleep_still_wakes_on_time() {
     ]));
     assert_eq!(out, again, "the same key names the same run");
 }
+
+/// A daemon's first line, and the threads its runtime has as /proc counts them.
+fn first_line_and_threads(args: &[&str]) -> (String, usize) {
+    use std::io::BufRead;
+    let mut child = wasq()
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    // Tokio names its worker threads "tokio-rt-worker", and its blocking threads too,
+    // which come and go: /proc holds at least the workers the line says.
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", child.id())).unwrap();
+    let named = tasks
+        .filter_map(|t| std::fs::read_to_string(t.unwrap().path().join("comm")).ok())
+        .filter(|c| c.trim() == "tokio-rt-worker")
+        .count();
+    let _ = child.kill();
+    let _ = child.wait();
+    (line, named)
+}
+
+#[test]
+fn daemons_run_on_the_threads_asked_for_and_leave_a_core_to_a_redis_beside_them() {
+    let cores = std::thread::available_parallelism().unwrap().get();
+    let data = tempfile::tempdir().unwrap();
+    let dir = data.path().to_str().unwrap();
+    let listen = format!("127.0.0.1:{}", free_port());
+
+    // The embedded store: a thread per core.
+    let (line, named) = first_line_and_threads(&["dev", "--listen", &listen, "--data", dir]);
+    let want = if cores == 1 {
+        "1 thread)".to_owned()
+    } else {
+        format!("{cores} threads)")
+    };
+    assert!(line.contains(&want), "{line}");
+    assert!(named >= cores, "{named} runtime threads: {line}");
+
+    let (line, named) =
+        first_line_and_threads(&["dev", "--listen", &listen, "--data", dir, "--threads", "3"]);
+    assert!(line.contains("3 threads)"), "{line}");
+    assert!(named >= 3, "{named} runtime threads: {line}");
+
+    // A Redis on this machine keeps a core: one thread fewer (at least one).
+    let redis = wasq_store_redis::testing::RedisServer::start(Default::default());
+    let worker = ["worker", "--redis", &redis.url(), "--data", dir];
+    let (line, _) = first_line_and_threads(&worker);
+    let want = match cores - 1 {
+        0 | 1 => "1 thread)".to_owned(),
+        n => format!("{n} threads)"),
+    };
+    assert!(
+        line.starts_with("wasq worker: running") && line.contains(&want),
+        "{line}"
+    );
+    let (line, _) = first_line_and_threads(&[&worker[..], &["--threads", "2"]].concat());
+    assert!(line.contains("2 threads)"), "{line}");
+
+    // Zero threads is refused before anything starts, in one line.
+    let (code, _, err) = run_cli(wasq().args(["worker", "--threads", "0", "--data", dir]));
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--threads") && err.contains("at least 1"),
+        "{err}"
+    );
+}

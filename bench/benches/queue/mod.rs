@@ -3,6 +3,22 @@
 //! set-up. Each benchmark uses a part of it.
 #![allow(dead_code)]
 
+/// The `wasq` binary's allocator (cli/src/main.rs), so that the daemon these benches run
+/// in process allocates as the shipped one does.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// The runtime a `wasq server` or `wasq worker` on a Redis of this machine runs on (its
+/// default `--threads`): the daemon these benches run in process, beside their Redis.
+pub(crate) fn daemon_runtime() -> tokio::runtime::Runtime {
+    let local = wasq_server::StoreBackend::Redis("redis://127.0.0.1".into());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(wasq_server::runtime_threads(&local))
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
