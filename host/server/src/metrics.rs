@@ -201,7 +201,7 @@ pub(crate) async fn scrape(
         // 1 while the store guard refuses new work (the store is nearly full).
         metrics::gauge!("wasq_store_full").set(f64::from(u8::from(refusing)));
         metrics::gauge!("wasq_worker_slots").set(app.config.concurrency as f64);
-        metrics::gauge!("wasq_worker_slots_in_use").set(app.in_flight.len() as f64);
+        metrics::gauge!("wasq_worker_slots_in_use").set(app.in_flight.executing() as f64);
     });
     *reported = current;
     drop(reported);

@@ -176,3 +176,36 @@ async fn the_worker_fails_a_run_it_cannot_load_and_retries_it_by_the_clock() {
     shutdown.cancel();
     worker.await.unwrap();
 }
+
+#[tokio::test]
+async fn a_slot_frees_when_the_guest_is_done_and_ends_waiting_for_the_store_are_bounded() {
+    use futures_util::FutureExt;
+    use tokio::sync::Semaphore;
+    let f = fixture(ManualClock::new(1_767_225_600_000)).await;
+    let (slots, ends) = (Arc::new(Semaphore::new(1)), Arc::new(Semaphore::new(1)));
+    let take = || slots.clone().try_acquire_owned().unwrap();
+    let mut a = worker::Slot::new(f.app.clone(), take(), ends.clone());
+    assert_eq!(f.app.in_flight.executing(), 1);
+    // a's guest is done: its slot takes the next run while a's end is being stored.
+    a.executed().await;
+    assert_eq!(
+        (slots.available_permits(), f.app.in_flight.executing()),
+        (1, 0)
+    );
+    let mut b = worker::Slot::new(f.app.clone(), take(), ends.clone());
+    // b's guest is done too, but a's end holds the only place for an end: b keeps its
+    // slot, so no third run starts while the store is behind.
+    assert!(b.executed().now_or_never().is_none());
+    assert_eq!(
+        (slots.available_permits(), f.app.in_flight.executing()),
+        (0, 1)
+    );
+    drop(a);
+    b.executed().await;
+    assert_eq!(
+        (slots.available_permits(), f.app.in_flight.executing()),
+        (1, 0)
+    );
+    drop(b);
+    assert_eq!(ends.available_permits(), 1);
+}

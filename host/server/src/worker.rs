@@ -2,7 +2,7 @@
 //! stream its logs and steps to the store, and end it with one fenced transition.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,13 +25,15 @@ use finisher::Finisher;
 use journal::*;
 
 /// Attempts in flight in this process, for lease renewal, cancellation and shutdown.
+/// The second field counts the attempts whose guest still runs (the others are storing
+/// their end): the slots in use.
 #[derive(Default)]
-pub(crate) struct InFlight(Mutex<HashMap<RunId, Arc<Held>>>);
+pub(crate) struct InFlight(Mutex<HashMap<RunId, Arc<Held>>>, AtomicUsize);
 
 impl InFlight {
-    /// Attempts running in this process.
-    pub(crate) fn len(&self) -> usize {
-        self.0.lock().unwrap().len()
+    /// Attempts in this process whose guest runs: its execution slots in use.
+    pub(crate) fn executing(&self) -> usize {
+        self.1.load(Ordering::SeqCst)
     }
 
     fn held(&self) -> Vec<Arc<Held>> {
@@ -121,6 +123,57 @@ impl Held {
     }
 }
 
+/// A claimed run's place in this worker: one of the `concurrency` execution slots while
+/// its guest runs, then one of as many places for an end being stored. A slot frees when
+/// the guest is done, not when its end is stored: the next claim and the next guests then
+/// overlap the finish script on Redis, where holding the slot made the worker and Redis
+/// take turns (a drain ran at about the sum of their per-run costs, not the larger).
+/// The places for ends bound what waits for the store to `concurrency` more runs.
+pub(crate) struct Slot {
+    app: Arc<App>,
+    executing: Option<tokio::sync::OwnedSemaphorePermit>,
+    ends: Arc<Semaphore>,
+    ending: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Slot {
+    pub(crate) fn new(
+        app: Arc<App>,
+        permit: tokio::sync::OwnedSemaphorePermit,
+        ends: Arc<Semaphore>,
+    ) -> Slot {
+        app.in_flight.1.fetch_add(1, Ordering::SeqCst);
+        Slot {
+            app,
+            executing: Some(permit),
+            ends,
+            ending: None,
+        }
+    }
+
+    /// The guest is done: take a place among the ends, then free the execution slot.
+    pub(crate) async fn executed(&mut self) {
+        if self.ending.is_none()
+            && let Ok(p) = self.ends.clone().acquire_owned().await
+        {
+            self.ending = Some(p);
+        }
+        self.free();
+    }
+
+    fn free(&mut self) {
+        if self.executing.take().is_some() {
+            self.app.in_flight.1.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.free();
+    }
+}
+
 /// How long a worker with a backlog waits for more free slots before claiming.
 /// Why an attempt stops once another worker may own its run.
 const LEASE_LOST: &str = "the run's lease was lost: another worker took the run over";
@@ -129,6 +182,7 @@ const CLAIM_GATHER: Duration = Duration::from_millis(2);
 
 pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
     let slots = Arc::new(Semaphore::new(app.config.concurrency));
+    let ends = Arc::new(Semaphore::new(app.config.concurrency));
     // Interrupts attempts still running when the grace period after shutdown ends.
     let hard_stop = CancellationToken::new();
     let renewer = tokio::spawn(renew_leases(
@@ -228,6 +282,7 @@ pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
                 .unwrap()
                 .insert(c.run.id.clone(), held.clone());
             let (app, hard_stop, finisher) = (app.clone(), hard_stop.clone(), finisher.clone());
+            let slot = Slot::new(app.clone(), permit, ends.clone());
             let span = tracing::info_span!("attempt", run = %c.run.id, function = %c.run.function, attempt = c.run.attempt);
             // Every execution continues the trace of what created the run, in whatever
             // process that was (telemetry.rs).
@@ -236,11 +291,10 @@ pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
             }
             attempts.spawn(async move {
                 let id = c.run.id.clone();
-                attempt(&app, &finisher, c, held, &hard_stop)
+                attempt(&app, &finisher, c, held, &hard_stop, slot)
                     .instrument(span)
                     .await;
                 app.in_flight.0.lock().unwrap().remove(&id);
-                drop(permit);
             });
         }
         // Reap finished tasks so the set does not grow without bound.

@@ -69,6 +69,7 @@ pub(crate) async fn attempt(
     claimed: Claimed,
     held: Arc<Held>,
     hard_stop: &CancellationToken,
+    mut slot: Slot,
 ) {
     let Claimed { run, lease, steps } = claimed;
     let cancel = held.cancel.clone();
@@ -119,6 +120,8 @@ pub(crate) async fn attempt(
     // What the attempt did not store yet goes with its end; a step the journal stored in
     // the background after the guest went on may have met a refusal the guest never saw.
     let (pending, failed) = journal.close().await;
+    // The guest is done: its slot may take the next run while this end is stored.
+    slot.executed().await;
 
     let abandoned = match &result.outcome {
         AttemptOutcome::Abandoned(why) => Some(why.clone()),

@@ -20,7 +20,7 @@ pub(super) async fn run(app: Arc<App>, stop: CancellationToken) {
             id: app.worker_id.clone(),
             queues: app.config.queues.clone(),
             slots: u32::try_from(app.config.concurrency).unwrap_or(u32::MAX),
-            busy: u32::try_from(app.in_flight.len()).unwrap_or(u32::MAX),
+            busy: u32::try_from(app.in_flight.executing()).unwrap_or(u32::MAX),
             started_at,
             seen_at: app.now(),
         };
