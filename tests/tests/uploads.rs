@@ -125,6 +125,8 @@ async fn features_imports_and_precompiled_code_are_refused_by_name() {
     // (the same engine configuration): still refused, never loaded.
     let mut child = wasq()
         .args([wasq_server::CHILD_ARG, "1073741824", "60"])
+        .env_clear()
+        .envs(wasq_server::CHILD_ENV.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

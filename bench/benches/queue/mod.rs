@@ -3,10 +3,10 @@
 //! set-up. Each benchmark uses a part of it.
 #![allow(dead_code)]
 
-/// The `wasq` binary's allocator (cli/src/main.rs), so that the daemon these benches run
-/// in process allocates as the shipped one does.
+/// The `wasq` binary's allocator, so that the daemon these benches run in process
+/// allocates as the shipped one does.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: wasq_cli::Allocator = wasq_cli::Allocator;
 
 /// The runtime a `wasq server` or `wasq worker` on a Redis of this machine runs on (its
 /// default `--threads`): the daemon these benches run in process, beside their Redis.

@@ -33,6 +33,14 @@ use wasmtime::component::Component;
 /// argv[1] of a compile child. Anything else makes [`compile_child_main`] return.
 pub const CHILD_ARG: &str = "__wasq-compile-child";
 
+/// The whole environment of a compile child (nothing of the daemon's, keys and secrets
+/// included, reaches the compiler). The allocator's address-space reservations count
+/// against the child's RLIMIT_AS: glibc's malloc reserves 64 MiB per arena (fewer
+/// arenas); mimalloc, the `wasq` binary's, 1 GiB per arena by default, the whole default
+/// bound, after which not even a compiler thread could start (64 MiB at a time instead).
+pub const CHILD_ENV: &[(&str, &str)] =
+    &[("MALLOC_ARENA_MAX", "2"), ("MIMALLOC_ARENA_RESERVE", "64M")];
+
 /// The child's exit code when the component itself was refused (message on stdout).
 const EXIT_REFUSED: i32 = 3;
 /// The child's exit code when its arguments or stdin were unusable (message on stdout).
@@ -218,10 +226,8 @@ async fn in_child(
         .arg(CHILD_ARG)
         .arg(bounds.memory_bytes.to_string())
         .arg(cpu_secs.to_string())
-        // Nothing of the daemon's environment (keys, secrets) reaches the compiler. Fewer
-        // malloc arenas: each reserves 64 MiB of address space, which RLIMIT_AS counts.
         .env_clear()
-        .env("MALLOC_ARENA_MAX", "2")
+        .envs(CHILD_ENV.iter().copied())
         .current_dir("/")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -42,7 +42,7 @@ mod validate;
 use attempt::*;
 use validate::*;
 
-pub use compile::{CHILD_ARG, Compiler, compile_child_main};
+pub use compile::{CHILD_ARG, CHILD_ENV, Compiler, compile_child_main};
 pub use egress::{
     EgressConfig, MAX_ALLOW_HOSTS, check_webhook_url, normalize_allow_host, post_webhook,
 };

@@ -51,7 +51,7 @@ pub use error::{ApiError, ServerError};
 pub use guard::{FreeSpace, GuardConfig};
 /// For binaries: call [`compile_child_main`] first thing in `main` (see
 /// `wasq_sandbox::Compiler`).
-pub use wasq_sandbox::{CHILD_ARG, Compiler, compile_child_main};
+pub use wasq_sandbox::{CHILD_ARG, CHILD_ENV, Compiler, compile_child_main};
 
 /// The smallest memory limit a function may ask for (see `wasq_core::Limits::validate`).
 pub use wasq_core::MAX_MEMORY_FLOOR;
