@@ -71,10 +71,7 @@ pub fn main() -> ExitCode {
     wasq_server::compile_child_main();
     let cli = Cli::parse();
     let runtime = match cli.command.daemon_threads() {
-        Some(n) => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(n)
-            .enable_all()
-            .build(),
+        Some(n) => wasq_server::daemon_runtime(n),
         None => tokio::runtime::Runtime::new(),
     };
     let runtime = match runtime {

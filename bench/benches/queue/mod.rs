@@ -12,11 +12,7 @@ static ALLOCATOR: wasq_cli::Allocator = wasq_cli::Allocator;
 /// default `--threads`): the daemon these benches run in process, beside their Redis.
 pub(crate) fn daemon_runtime() -> tokio::runtime::Runtime {
     let local = wasq_server::StoreBackend::Redis("redis://127.0.0.1".into());
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(wasq_server::runtime_threads(&local))
-        .enable_all()
-        .build()
-        .unwrap()
+    wasq_server::daemon_runtime(wasq_server::runtime_threads(&local)).unwrap()
 }
 
 use std::path::{Path, PathBuf};

@@ -209,7 +209,7 @@ impl StoreBackend {
 /// On 2 cores with Redis on them, one thread drained 5-9% more runs per second at
 /// concurrency 50 than two, spent 12% less CPU per run, and served 15% more creates
 /// over HTTP (docs/performance.md, 2026-12-05).
-pub fn default_threads(store: &StoreBackend, cores: usize) -> usize {
+pub(crate) fn default_threads(store: &StoreBackend, cores: usize) -> usize {
     if store.is_local_redis() {
         cores.saturating_sub(1).max(1)
     } else {
@@ -221,6 +221,16 @@ pub fn default_threads(store: &StoreBackend, cores: usize) -> usize {
 pub fn runtime_threads(store: &StoreBackend) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     default_threads(store, cores)
+}
+
+/// The async runtime a daemon runs on, with `threads` worker threads (`--threads`, or
+/// [`runtime_threads`]): the `wasq` binary's, and the benches' that run a daemon in
+/// process, so that they measure the same one.
+pub fn daemon_runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
 }
 
 pub const DEFAULT_PORT: u16 = 7070;

@@ -44,9 +44,7 @@ use wasq_store_redis::RedisStore;
 use wasq_store_sqlite::SqliteStore;
 
 pub use api::DeployParams;
-pub use config::{
-    Config, DEFAULT_PORT, HttpLimits, StoreBackend, default_threads, runtime_threads,
-};
+pub use config::{Config, DEFAULT_PORT, HttpLimits, StoreBackend, daemon_runtime, runtime_threads};
 pub use error::{ApiError, ServerError};
 pub use guard::{FreeSpace, GuardConfig};
 /// For binaries: call [`compile_child_main`] first thing in `main` (see
