@@ -114,7 +114,7 @@
 //! | `P gtimer`, `P tcfg` | zset, hash | throttle gates with parked runs by when their window opens; their `limit\|period` |
 //! | `P deb` | hash | debounce gate → its pending run |
 //! | `P quotas` | hash | `max_running`, `max_queued`, the storage quotas (see `directory.rs`) |
-//! | `P rdig` | hash | `digest\|sv` (component and settings version) → runs that pin them (built once from the runs when missing: `meta.rdig`) |
+//! | `P rdig` | hash | `digest\|sv` (component and settings version) → runs that pin them (each run counts itself in; `meta.rdig` marks it complete: set by a deploy while the tenant has no runs, else built once from the runs) |
 //! | `P leases` | zset | running runs by lease expiry |
 //! | `P timeouts` | zset | waiting runs with a time limit, by that limit |
 //! | `P byfn:<function>` | zset | runs of a function by creation time |

@@ -377,7 +377,8 @@ pub(crate) static STEP: TenantScript = tenant_script!("step", reads);
 
 /// The components the tenant's functions and runs use: its functions' digests, and the
 /// digests runs pin (`rdig`: digest → runs). A tenant whose `rdig` was never built (its
-/// runs predate it) gets it built first, from every run, once.
+/// runs predate it) gets it built first, from every run, once: one call that blocks Redis
+/// for as long as the walk takes. A tenant deployed before it had runs never needs it.
 pub(crate) static DIGESTS: TenantScript = tenant_script!("digests", writes);
 
 /// ARGV[5..]: index key suffix, start, stop. Runs of one listing index, newest first.

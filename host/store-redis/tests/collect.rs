@@ -84,3 +84,53 @@ async fn unreferenced_components_are_collected() {
     assert_eq!(store.collect_components(none).await.unwrap(), 0);
     assert!(store.component("shared").await.unwrap().is_some());
 }
+
+/// Which components runs pin is counted as each run is created (`rdig`). Only runs from
+/// before that count existed make the first collection walk every run of their tenant,
+/// one script call that blocks Redis for as long as the walk takes: a tenant deployed
+/// before it had any runs is never walked, and one with older runs still is, once,
+/// without losing a pin.
+#[tokio::test]
+async fn only_runs_older_than_the_pin_counts_are_walked_to_count_them() {
+    let redis = RedisServer::start(RedisOptions::default());
+    let store = RedisStore::connect_with(
+        &redis.url(),
+        Arc::new(ManualClock::new(1_700_000_000_000)),
+        StoreOptions::default().with_namespace("gc"),
+    )
+    .await
+    .unwrap();
+    let enqueue = |tenant: &str| EnqueueRequest {
+        tenant: tenant.into(),
+        function: "f".into(),
+        input: b"{}".to_vec(),
+        trigger: "api".into(),
+        ..EnqueueRequest::default()
+    };
+    let built = |tenant: &str| {
+        let meta = format!("{}meta", store.tenant_prefix(tenant));
+        redis.cli(&["HGET", &meta, "rdig"]).trim().to_owned()
+    };
+
+    // A new tenant: complete from its first deploy, so the walk never runs.
+    store.deploy(deploy("new", "f", "fresh")).await.unwrap();
+    assert_eq!(built("new"), "1");
+    store.enqueue(enqueue("new")).await.unwrap();
+
+    // A tenant whose run predates the counts (as data written before them looks: no
+    // counts, no flag). Deploying again does not mark it complete: it has runs.
+    store.deploy(deploy("old", "f", "pinned")).await.unwrap();
+    store.enqueue(enqueue("old")).await.unwrap();
+    let p = store.tenant_prefix("old");
+    redis.cli(&["DEL", &format!("{p}rdig")]);
+    redis.cli(&["HDEL", &format!("{p}meta"), "rdig"]);
+    store.deploy(deploy("old", "f", "next")).await.unwrap();
+    assert_eq!(built("old"), "");
+
+    // The collection walks it once: its queued run still pins `pinned`.
+    assert_eq!(store.collect_components(Duration::ZERO).await.unwrap(), 0);
+    assert_eq!(built("old"), "1");
+    for kept in ["fresh", "pinned", "next"] {
+        assert!(store.component(kept).await.unwrap().is_some(), "{kept}");
+    }
+}

@@ -15,6 +15,20 @@ if delta > 0 then
 end
 charge(nil, delta)
 if newset then redis.call('HSET', KSETS, sv, ARGV[8]) end
+-- Every run counts itself into `rdig` when it is created; only runs older than `rdig` make
+-- digests.lua walk every run of the tenant once, in one call that blocks Redis for as
+-- long as the walk takes. A tenant without runs yet has none of those: its `rdig` is
+-- complete.
+if redis.call('HEXISTS', KMETA, 'rdig') == 0 then
+  local runs = false
+  for _, status in ipairs(STATUSES) do
+    if redis.call('EXISTS', stkey(status)) == 1 then
+      runs = true
+      break
+    end
+  end
+  if not runs then redis.call('HSET', KMETA, 'rdig', '1') end
+end
 local old = redis.call('HGET', fk, 'events')
 if old then
   for _, e in ipairs(cjson.decode(old)) do redis.call('SREM', P .. 'sub:' .. e, name) end
