@@ -49,20 +49,22 @@ local function parse(o)
 end
 
 -- What an end's new steps and its output add to its run's bytes; the steps already
--- stored (a replayed record) are marked `old` and add nothing.
+-- stored (a replayed record) are marked `old` and add nothing, the run's first step
+-- `first_step`. A run without steps yet (`nosteps`) has no step hash to look in.
 local function adding(e, t, nosteps)
   local n, any = 0, t.hasout == '1'
   if any then n = mem(#t.out) + mem(#t.res) end
   local sk, seen = P .. 'steps:' .. e.id, {}
   for _, r in ipairs(e.recs) do
     if r.kind == 'step' then
-      if seen[r.field] or redis.call('HEXISTS', sk, r.field) == 1 then
+      if seen[r.field] or (not nosteps and redis.call('HEXISTS', sk, r.field) == 1) then
         r.old = true
       else
         seen[r.field] = true
         any = true
         n = n + C_STEP + 2 * #r.field + mem(#r.out)
         -- The run's first step creates its step keys.
+        r.first_step = nosteps
         if nosteps then n, nosteps = n + 2 * KEY, false end
       end
     end
@@ -98,7 +100,7 @@ local function finish(e)
   for _, r in ipairs(e.recs) do
     if r.kind == 'step' then
       append_logs(id, r.first, r.mrun, r.mten, r.last)
-      if not r.old then write_step(id, r.field, r.out, m[15]) end
+      if not r.old then write_step(id, r.field, r.out, m[15], r.first_step) end
     elseif r.kind == 'logs' then
       append_logs(id, r.first, r.mrun, r.mten, r.last)
     else

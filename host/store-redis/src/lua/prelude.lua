@@ -368,7 +368,8 @@ local MOVE_FIELDS = { 'status', 'created_at', 'wait_event', 'wait_run', 'cgate',
 -- status puts it in: queued and sleeping runs are in `ready` or `q` (or parked), running
 -- runs in `leases`, waiting runs in `timeouts` and their waiter set; entries an index
 -- keeps after a run left its status are dropped by the claim that meets them.
-local function move(id, status, fields, pre, lens)
+-- `from`: the lane a claim took the run from (then it is in no other lane, nor in `ready`).
+local function move(id, status, fields, pre, lens, from)
   local rk = runkey(id)
   local r = pre or redis.call('HMGET', rk, unpack(MOVE_FIELDS))
   local old, created, cgate = r[1], r[2], r[5]
@@ -378,7 +379,9 @@ local function move(id, status, fields, pre, lens)
     if r[7] then queue_load(r[7], old, -1); queue_load(r[7], status, 1) end
     feed_note(id, status)
   end
-  if old == 'queued' or old == 'sleeping' then
+  if from then
+    redis.call('ZREM', from, id)
+  elseif old == 'queued' or old == 'sleeping' then
     redis.call('ZREM', KREADY, id)
     redis.call('ZREM', lane(r[7] or nil), id)
   elseif old == 'running' then
@@ -446,15 +449,21 @@ local function step_cost(id, field, output)
   return c
 end
 
--- Stores a step output; the first write wins.
-local function write_step(id, field, output, attempt)
+-- Stores a step output; the first write wins. A caller that knows already that the step
+-- is not stored passes `first`: whether it is the run's first step (the run still has
+-- `nosteps`), true or false; nil makes this read both (three commands a finish spares).
+local function write_step(id, field, output, attempt, first)
   local sk = P .. 'steps:' .. id
-  if redis.call('HEXISTS', sk, field) == 0 then
-    charge(id, step_cost(id, field, output))
-    redis.call('HSET', sk, field, output)
-    redis.call('RPUSH', P .. 'stepseq:' .. id, attempt .. '|' .. NOWS .. '|' .. field)
-    redis.call('HDEL', runkey(id), 'nosteps')
+  if first == nil then
+    if redis.call('HEXISTS', sk, field) == 1 then return end
+    first = redis.call('HEXISTS', runkey(id), 'nosteps') == 1
   end
+  local c = C_STEP + 2 * #field + mem(#output)
+  if first then c = c + 2 * KEY end
+  charge(id, c)
+  redis.call('HSET', sk, field, output)
+  redis.call('RPUSH', P .. 'stepseq:' .. id, attempt .. '|' .. NOWS .. '|' .. field)
+  if first then redis.call('HDEL', runkey(id), 'nosteps') end
 end
 
 -- Appends log lines (ARGV[first..last], to the end when `last` is nil) while the run's
