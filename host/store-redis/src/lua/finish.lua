@@ -62,10 +62,9 @@ local function adding(e, t, nosteps)
       else
         seen[r.field] = true
         any = true
-        n = n + C_STEP + 2 * #r.field + mem(#r.out)
         -- The run's first step creates its step keys.
-        r.first_step = nosteps
-        if nosteps then n, nosteps = n + 2 * KEY, false end
+        n = n + step_cost(e.id, r.field, r.out, nosteps)
+        r.first_step, nosteps = nosteps, false
       end
     end
   end

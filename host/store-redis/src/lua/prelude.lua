@@ -442,25 +442,26 @@ local function close_attempt(id, err, fuel, suspended)
 end
 
 -- What a new step costs: its field twice (the hash and the order list) and its output;
--- the run's first step creates both keys.
-local function step_cost(id, field, output)
+-- the run's first step creates both keys. `first`: whether it is the run's first step,
+-- nil to read it (the run still has `nosteps`).
+local function step_cost(id, field, output, first)
+  if first == nil then first = redis.call('HEXISTS', runkey(id), 'nosteps') == 1 end
   local c = C_STEP + 2 * #field + mem(#output)
-  if redis.call('HEXISTS', runkey(id), 'nosteps') == 1 then c = c + 2 * KEY end
+  if first then c = c + 2 * KEY end
   return c
 end
 
 -- Stores a step output; the first write wins. A caller that knows already that the step
 -- is not stored passes `first`: whether it is the run's first step (the run still has
--- `nosteps`), true or false; nil makes this read both (three commands a finish spares).
+-- `nosteps`), true or false; nil makes this read both (a finish knows them: two commands
+-- fewer per step).
 local function write_step(id, field, output, attempt, first)
   local sk = P .. 'steps:' .. id
   if first == nil then
     if redis.call('HEXISTS', sk, field) == 1 then return end
     first = redis.call('HEXISTS', runkey(id), 'nosteps') == 1
   end
-  local c = C_STEP + 2 * #field + mem(#output)
-  if first then c = c + 2 * KEY end
-  charge(id, c)
+  charge(id, step_cost(id, field, output, first))
   redis.call('HSET', sk, field, output)
   redis.call('RPUSH', P .. 'stepseq:' .. id, attempt .. '|' .. NOWS .. '|' .. field)
   if first then redis.call('HDEL', runkey(id), 'nosteps') end
