@@ -25,23 +25,26 @@ use finisher::Finisher;
 use journal::*;
 
 /// Attempts in flight in this process, for lease renewal, cancellation and shutdown.
-/// The second field counts the attempts whose guest still runs (the others are storing
-/// their end): the slots in use.
 #[derive(Default)]
-pub(crate) struct InFlight(Mutex<HashMap<RunId, Arc<Held>>>, AtomicUsize);
+pub(crate) struct InFlight {
+    attempts: Mutex<HashMap<RunId, Arc<Held>>>,
+    /// The attempts whose guest still runs (the others are storing their end): the
+    /// execution slots in use, kept by [`Slot`].
+    executing: AtomicUsize,
+}
 
 impl InFlight {
     /// Attempts in this process whose guest runs: its execution slots in use.
     pub(crate) fn executing(&self) -> usize {
-        self.1.load(Ordering::SeqCst)
+        self.executing.load(Ordering::SeqCst)
     }
 
     fn held(&self) -> Vec<Arc<Held>> {
-        self.0.lock().unwrap().values().cloned().collect()
+        self.attempts.lock().unwrap().values().cloned().collect()
     }
 
     fn get(&self, id: &str) -> Option<Arc<Held>> {
-        self.0.lock().unwrap().get(id).cloned()
+        self.attempts.lock().unwrap().get(id).cloned()
     }
 
     /// Interrupts the attempt of run `id` if this process runs it: within one epoch tick,
@@ -142,7 +145,7 @@ impl Slot {
         permit: tokio::sync::OwnedSemaphorePermit,
         ends: Arc<Semaphore>,
     ) -> Slot {
-        app.in_flight.1.fetch_add(1, Ordering::SeqCst);
+        app.in_flight.executing.fetch_add(1, Ordering::SeqCst);
         Slot {
             app,
             executing: Some(permit),
@@ -163,7 +166,7 @@ impl Slot {
 
     fn free(&mut self) {
         if self.executing.take().is_some() {
-            self.app.in_flight.1.fetch_sub(1, Ordering::SeqCst);
+            self.app.in_flight.executing.fetch_sub(1, Ordering::SeqCst);
         }
     }
 }
@@ -174,10 +177,10 @@ impl Drop for Slot {
     }
 }
 
-/// How long a worker with a backlog waits for more free slots before claiming.
 /// Why an attempt stops once another worker may own its run.
 const LEASE_LOST: &str = "the run's lease was lost: another worker took the run over";
 
+/// How long a worker with a backlog waits for more free slots before claiming.
 const CLAIM_GATHER: Duration = Duration::from_millis(2);
 
 pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
@@ -277,7 +280,7 @@ pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
                 app.config.lease,
             ));
             app.in_flight
-                .0
+                .attempts
                 .lock()
                 .unwrap()
                 .insert(c.run.id.clone(), held.clone());
@@ -294,7 +297,7 @@ pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
                 attempt(&app, &finisher, c, held, &hard_stop, slot)
                     .instrument(span)
                     .await;
-                app.in_flight.0.lock().unwrap().remove(&id);
+                app.in_flight.attempts.lock().unwrap().remove(&id);
             });
         }
         // Reap finished tasks so the set does not grow without bound.
