@@ -83,7 +83,7 @@ struct Measured {
     n: usize,
     late: [i64; 4],
     /// Redis CPU per run over the phase. BullMQ's is over its whole child process, whose
-    /// unmeasured jobs (see `bullmq`) count as runs: at a set rate its 1,000 warm-up jobs,
+    /// unmeasured jobs (see `bullmq`) count as runs: at a set rate its warm-up jobs,
     /// added in a burst, make it lean low.
     redis_us: f64,
 }
@@ -295,13 +295,11 @@ fn bullmq(port: u16, secs: f64, max_n: usize) -> Vec<Measured> {
                 .collect::<Vec<_>>(),
         );
         let after = RedisStats::read(port);
-        // The child also runs latency.mjs's unmeasured jobs: 1,000 warm-up jobs and, at a
-        // set rate, a lead-in of two seconds' worth (100 to 10,000).
-        let lead_in = match mode {
-            Mode::Max => 0,
-            _ => (2.0 * rate).round().clamp(100.0, 10_000.0) as usize,
-        };
-        let jobs = n + 1_000 + lead_in;
+        // The child also runs unmeasured jobs (a warm-up burst, and at a set rate a lead-in
+        // on the schedule): it says how many it ran in all.
+        let jobs = v["jobs_run"]
+            .as_f64()
+            .expect("latency.mjs reports the jobs it ran");
         let us = |k: &str| v[k].as_f64().unwrap_or(0.0).round() as i64;
         let achieved = v["achieved_rate"].as_f64().unwrap_or(0.0);
         if mode == Mode::Max {
@@ -312,7 +310,7 @@ fn bullmq(port: u16, secs: f64, max_n: usize) -> Vec<Measured> {
             rate: if mode == Mode::Max { achieved } else { rate },
             n,
             late: [us("p50_us"), us("p99_us"), us("p999_us"), us("max_us")],
-            redis_us: (after.cpu - before.cpu) * 1e6 / jobs as f64,
+            redis_us: (after.cpu - before.cpu) * 1e6 / jobs,
         });
     }
     out

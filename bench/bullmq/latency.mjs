@@ -196,6 +196,9 @@ const result = {
   mode,
   rate,
   n,
+  // Every job this process added, the unmeasured warm-up and lead-in included: what the
+  // caller divides Redis's CPU by.
+  jobs_run: WARMUP + LEAD_IN + n,
   concurrency,
   achieved_rate: achievedRate,
   p50_us: rank(0.5),
