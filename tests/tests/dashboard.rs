@@ -161,8 +161,13 @@ async fn a_user_finds_a_failed_run_retries_it_and_sees_it_succeed() {
         .click()
         .await
         .unwrap();
-    let listed = wait_text(&c, "#runs tbody", |t| t.contains("failed")).await;
-    assert!(!listed.contains("echo"), "filtered by status: {listed}");
+    // Wait for the filtered list itself: the list before the form's navigation already
+    // holds the failed run, so waiting for "failed" alone could read the old page.
+    let listed = wait_text(&c, "#runs tbody", |t| {
+        t.contains("failed") && !t.contains("echo")
+    })
+    .await;
+    assert!(listed.contains("flaky"), "filtered by status: {listed}");
     assert!(
         c.current_url()
             .await
@@ -340,6 +345,8 @@ async fn a_user_finds_a_failed_run_retries_it_and_sees_it_succeed() {
         .click()
         .await
         .unwrap();
+    // Signed out once the form is shown; going on before would race the logout post.
+    wait_text(&c, "#login", |_| true).await;
     sign_in(&c, &base, d.admin.key.as_deref().unwrap()).await;
     let tenants = wait_text(&c, "#tenants", |t| t.contains("other")).await;
     assert!(tenants.contains("default"), "{tenants}");
