@@ -173,6 +173,8 @@ pub(crate) struct Startable {
     id: String,
     status: RunStatus,
     attempt: u32,
+    /// The lease token of its last lease (the claim's is the next).
+    lease_token: u64,
 }
 
 /// The tenant's best-ranked run in its lane (of `queue`, when given) that its gates let
@@ -200,15 +202,16 @@ pub(crate) fn next_startable(
             Option<String>,
             Option<u32>,
             Option<i64>,
+            u64,
         )> = tx
             .prepare_cached(if queue.is_some() {
-                "SELECT id, status, attempt, cgate, climit, tgate, tlimit, tperiod FROM runs
-                 WHERE queue = ?2 AND tenant = ?1 AND status IN ('queued', 'sleeping')
+                "SELECT id, status, attempt, cgate, climit, tgate, tlimit, tperiod, lease_token
+                 FROM runs WHERE queue = ?2 AND tenant = ?1 AND status IN ('queued', 'sleeping')
                      AND promoted = 1 AND parked IS NULL
                  ORDER BY rank, id LIMIT 1"
             } else {
-                "SELECT id, status, attempt, cgate, climit, tgate, tlimit, tperiod FROM runs
-                 WHERE tenant = ?1 AND status IN ('queued', 'sleeping') AND promoted = 1
+                "SELECT id, status, attempt, cgate, climit, tgate, tlimit, tperiod, lease_token
+                 FROM runs WHERE tenant = ?1 AND status IN ('queued', 'sleeping') AND promoted = 1
                      AND parked IS NULL AND ?2 IS NULL
                  ORDER BY rank, id LIMIT 1"
             })
@@ -223,11 +226,13 @@ pub(crate) fn next_startable(
                     r.get(5)?,
                     r.get(6)?,
                     r.get(7)?,
+                    r.get(8)?,
                 ))
             })
             .optional()
             .map_err(internal)?;
-        let Some((id, status, attempt, cgate, climit, tgate, tlimit, tperiod)) = head else {
+        let Some((id, status, attempt, cgate, climit, tgate, tlimit, tperiod, lease_token)) = head
+        else {
             return Ok(None);
         };
         let status: RunStatus = status.parse().map_err(StoreError::Internal)?;
@@ -276,6 +281,7 @@ pub(crate) fn next_startable(
             id,
             status,
             attempt,
+            lease_token,
         }));
     }
 }
@@ -299,16 +305,17 @@ pub(crate) fn lease_run(
 ) -> Result<Claimed, StoreError> {
     let id = run.id.as_str();
     let (attempt, resumed) = lifecycle::claimed_attempt(run.status, run.attempt);
-    let token: u64 = tx
-        .row(
-            "UPDATE runs SET status = 'running', attempt = ?5, resumed = ?6,
-                 lease_token = lease_token + 1, lease_expires_at = ?2, worker = ?3,
-                 updated_at = ?4
-             WHERE id = ?1 RETURNING lease_token",
-            params![id, expires_at, worker, now, attempt, resumed],
-            |r| r.get(0),
-        )
-        .map_err(internal)?;
+    // The token from the row the lane query read in this same transaction, not `RETURNING`:
+    // SQLite buffers returned rows in a temporary b-tree of its own, made and dropped (with
+    // its page cache's memory) on every call.
+    let token = run.lease_token + 1;
+    tx.exec(
+        "UPDATE runs SET status = 'running', attempt = ?5, resumed = ?6, lease_token = ?7,
+             lease_expires_at = ?2, worker = ?3, updated_at = ?4
+         WHERE id = ?1",
+        params![id, expires_at, worker, now, attempt, resumed, token],
+    )
+    .map_err(internal)?;
     let run =
         load_run(tx, id)?.ok_or_else(|| StoreError::Internal("claimed run vanished".into()))?;
     tx.exec(
@@ -436,8 +443,8 @@ mod tests {
                 "runs_lane",
             ),
             (
-                "SELECT id, status, attempt, cgate, climit, tgate, tlimit, tperiod FROM runs
-                 WHERE tenant = ?1 AND status IN ('queued', 'sleeping') AND promoted = 1
+                "SELECT id, status, attempt, cgate, climit, tgate, tlimit, tperiod, lease_token
+                 FROM runs WHERE tenant = ?1 AND status IN ('queued', 'sleeping') AND promoted = 1
                      AND parked IS NULL
                  ORDER BY rank, id LIMIT 1",
                 "runs_lane",
@@ -450,8 +457,8 @@ mod tests {
                 "runs_queue_lane",
             ),
             (
-                "SELECT id, status, attempt, cgate, climit, tgate, tlimit, tperiod FROM runs
-                 WHERE queue = ?2 AND tenant = ?1 AND status IN ('queued', 'sleeping')
+                "SELECT id, status, attempt, cgate, climit, tgate, tlimit, tperiod, lease_token
+                 FROM runs WHERE queue = ?2 AND tenant = ?1 AND status IN ('queued', 'sleeping')
                      AND promoted = 1 AND parked IS NULL
                  ORDER BY rank, id LIMIT 1",
                 "runs_queue_lane",

@@ -39,6 +39,7 @@ mod admission;
 mod attempt;
 mod cached;
 mod claim;
+mod connection;
 mod deliveries;
 mod directory;
 mod feed;
@@ -52,7 +53,7 @@ mod workers;
 mod writer;
 
 use admission::*;
-use cached::{Cached, STATEMENT_CACHE};
+use cached::Cached;
 use claim::*;
 use rows::*;
 use schema::*;
@@ -95,17 +96,7 @@ impl SqliteStore {
     }
 
     fn init(conn: Connection, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
-        // WAL + synchronous=NORMAL: a committed transaction survives the process dying
-        // (kill -9); only an OS crash or power loss can drop the last few commits.
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(internal)?;
-        conn.pragma_update(None, "synchronous", "NORMAL")
-            .map_err(internal)?;
-        conn.pragma_update(None, "foreign_keys", "ON")
-            .map_err(internal)?;
-        conn.busy_timeout(std::time::Duration::from_secs(10))
-            .map_err(internal)?;
-        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        connection::configure(&conn)?;
         conn.execute_batch(SCHEMA).map_err(internal)?;
         conn.execute_batch(directory::SCHEMA).map_err(internal)?;
         conn.execute_batch(workers::SCHEMA).map_err(internal)?;
