@@ -496,6 +496,13 @@ mod tests {
             assert!(p.contains(index), "{sql}\n=> {p}");
             assert!(!p.contains("TEMP B-TREE"), "no sort: {sql}\n=> {p}");
         }
+        // A listing filtered by status seeks that status's runs, in the order it pages.
+        for (by_status, index) in [(true, "runs_by_status"), (false, "runs_by_tenant")] {
+            let sql = rows::list_runs(by_status);
+            let p = plan(&conn, &sql);
+            assert!(p.contains(index), "{sql}\n=> {p}");
+            assert!(!p.contains("TEMP B-TREE"), "no sort: {sql}\n=> {p}");
+        }
         // What `queue_depths` and `load` read (a scrape, not a claim): the unended runs
         // only, grouped in memory.
         for sql in [load::QUEUE_DEPTHS, load::COUNTS, load::OLDEST_QUEUED] {

@@ -495,13 +495,7 @@ impl Runs for SqliteStore {
     async fn runs(&self, q: RunQuery) -> Result<Vec<Run>, StoreError> {
         self.tx(move |tx, _| {
             let mut stmt = tx
-                .prepare_cached(&format!(
-                    "SELECT {RUN_COLUMNS} FROM runs
-                     WHERE tenant = ?1 AND (?2 IS NULL OR function = ?2) AND (?3 IS NULL OR status = ?3)
-                         AND (?5 IS NULL OR parent = ?5)
-                         AND (?6 IS NULL OR id < ?6) AND (?7 IS NULL OR created_at >= ?7)
-                     ORDER BY created_at DESC, id DESC LIMIT ?4"
-                ))
+                .prepare_cached(&rows::list_runs(q.status.is_some()))
                 .map_err(internal)?;
             let rows = stmt
                 .query_map(

@@ -7,6 +7,26 @@ pub(crate) const RUN_COLUMNS: &str = "id, tenant, function, digest, settings, st
      attempt, trigger, progress, created_at, updated_at, due_at, finished_at, idempotency_key, \
      parent, wait, priority, flow_keys, stored_bytes, log_bytes, trace";
 
+/// A page of a tenant's runs, newest first (`?1` tenant, `?2` function, `?3` status, `?4`
+/// limit, `?5` parent, `?6` before this id, `?7` created since; each but the tenant and
+/// limit NULL for any). A status filter is its own statement, `status = ?3` rather than
+/// `?3 IS NULL OR status = ?3`, so that it seeks `runs_by_status` instead of walking every
+/// run of the tenant to find the few failed ones.
+pub(crate) fn list_runs(by_status: bool) -> String {
+    let status = if by_status {
+        "status = ?3"
+    } else {
+        "?3 IS NULL"
+    };
+    format!(
+        "SELECT {RUN_COLUMNS} FROM runs
+         WHERE tenant = ?1 AND {status} AND (?2 IS NULL OR function = ?2)
+             AND (?5 IS NULL OR parent = ?5)
+             AND (?6 IS NULL OR id < ?6) AND (?7 IS NULL OR created_at >= ?7)
+         ORDER BY created_at DESC, id DESC LIMIT ?4"
+    )
+}
+
 pub(crate) fn internal(e: rusqlite::Error) -> StoreError {
     match e {
         rusqlite::Error::SqliteFailure(ref f, _) if f.code == rusqlite::ErrorCode::DiskFull => {

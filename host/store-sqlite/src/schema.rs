@@ -71,6 +71,8 @@ CREATE UNIQUE INDEX IF NOT EXISTS runs_idempotency ON runs (tenant, function, id
 CREATE INDEX IF NOT EXISTS runs_leased ON runs (lease_expires_at) WHERE status = 'running';
 CREATE INDEX IF NOT EXISTS runs_by_tenant ON runs (tenant, created_at DESC, id DESC);
 CREATE INDEX IF NOT EXISTS runs_by_function ON runs (tenant, function, created_at DESC, id DESC);
+-- Listing by status (`rows::list_runs`): a page of failed runs without walking the others.
+CREATE INDEX IF NOT EXISTS runs_by_status ON runs (tenant, status, created_at DESC, id DESC);
 -- One row per execution: a sleep splits one attempt into several executions.
 CREATE TABLE IF NOT EXISTS attempts (
     run_id          TEXT NOT NULL,
