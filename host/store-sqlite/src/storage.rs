@@ -17,14 +17,14 @@ use crate::{internal, tenant_quotas};
 /// daemon, the growth of the tables and their indexes divided by N (within 1% for each
 /// kind; `tests/tests/storage_usage.rs` checks a mixed workload within 10%):
 /// - `run`: the row (~25 columns beside the payload, a 36-byte id) and its entries in the
-///   primary-key index and the six indexes over every run (by tenant, function, digest,
+///   primary-key index and the seven indexes over every run (by tenant, function, status, digest,
 ///   finish time, ...);
 /// - `attempt`, `step`, `log_line`: a row keyed by its run's id, and the primary-key index
 ///   that repeats that id;
 /// - `event`: a row and its primary-key index;
 /// - `function`: a row with its settings, and its component's row.
 pub(crate) const COST: CostModel = CostModel {
-    run: 468,
+    run: 538,
     attempt: 118,
     step: 105,
     log_line: 113,
