@@ -15,6 +15,7 @@ use crate::internal;
 /// pages are read, up to this bound.
 pub(crate) const PAGE_CACHE_KIB: i64 = 64 * 1024;
 
+/// Sets up a connection the store opened, before its schema is created or read.
 pub(crate) fn configure(conn: &Connection) -> Result<(), StoreError> {
     // WAL + synchronous=NORMAL: a committed transaction survives the process dying
     // (kill -9); only an OS crash or power loss can drop the last few commits.
@@ -40,9 +41,10 @@ pub(crate) fn configure(conn: &Connection) -> Result<(), StoreError> {
     // it SQLite (3.54) marks a statement to be prepared again whenever a new value is bound
     // to its `LIMIT ?` or to a term it compared with a partial index's WHERE (and a few
     // rarer cases) — so the cached statements of a claim, a step and a finish were parsed
-    // and planned again on most calls (13% of the writer thread's CPU in a drain). No query here relies on a bound value for its plan: the
-    // partial indexes' conditions are written as literals in the queries that use them
-    // (`claim::tests` checks the claim path's plans).
+    // and planned again on most calls (13% of the writer thread's CPU in a drain). No
+    // query here relies on a bound value for its plan: the partial indexes' conditions
+    // are written as literals in the queries that use them (`claim::tests` checks the
+    // plans of the claim path and of listings).
     conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
         .map_err(internal)?;
     Ok(())
