@@ -15,7 +15,8 @@
 //! - (e) Redis CPU µs and commands per run (create and drain apart) and Redis memory per
 //!   queued run, read from the server's `INFO` around each phase;
 //! - (c), (d) create→start latency under an open-loop producer and delayed-run lateness:
-//!   the `latency` benchmark, run as a child `cargo bench` per repeat;
+//!   the `latency` benchmark, run as a child `cargo bench` per repeat (create→start also
+//!   on `wasq dev`);
 //! - (f) `wasq dev` (SQLite) beside RQ: the `embedded` benchmark, the same way.
 //!
 //! Each repeat is preceded by a wait for a quiet machine and bracketed by a calibration
@@ -397,10 +398,10 @@ fn children(opts: &Opts, s: &mut Samples) {
         .as_array()
         .unwrap()
     {
-        let system = if row["system"] == "wasq" {
-            "wasq one-step"
-        } else {
-            "BullMQ"
+        let system = match row["system"].as_str() {
+            Some("wasq") => "wasq one-step",
+            Some("wasq dev") => "wasq dev one-step",
+            _ => "BullMQ",
         };
         let rate = row["rate"].as_f64().unwrap();
         let phase = match row["mode"].as_str().unwrap() {

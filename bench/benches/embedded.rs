@@ -29,16 +29,6 @@ use queue::{peer_json, process_cpu, rq_peer};
 const HTTP_IN_FLIGHT: usize = 64;
 const RQ_MAX: usize = 10_000;
 
-/// `wasq dev`'s configuration on `data`, with its worker at `concurrency`.
-fn dev_config(data: &std::path::Path, concurrency: usize) -> wasq_server::Config {
-    let mut config = wasq_tests::test_config(data.to_path_buf());
-    config.sandbox.compiler = wasq_server::Compiler::InProcess;
-    let dev = wasq_server::Config::dev(data.to_path_buf());
-    config.sandbox.max_instances = dev.sandbox.max_instances;
-    config.concurrency = concurrency;
-    config
-}
-
 struct Figures {
     concurrency: usize,
     create_per_sec: f64,
@@ -53,7 +43,7 @@ async fn wasq(n: usize) -> Figures {
 
     // The backlog, created over HTTP with no worker running.
     let shutdown = CancellationToken::new();
-    let server = wasq_server::start(dev_config(&data, 0), shutdown.clone())
+    let server = wasq_server::start(queue::dev_config(&data, 0), shutdown.clone())
         .await
         .unwrap();
     let api = Arc::new(wasq_tests::Api::with_key(
@@ -76,7 +66,7 @@ async fn wasq(n: usize) -> Figures {
     let concurrency = wasq_server::Config::dev(data.clone()).concurrency;
     let shutdown = CancellationToken::new();
     let (cpu, start) = (process_cpu(), Instant::now());
-    let server = wasq_server::start(dev_config(&data, concurrency), shutdown.clone())
+    let server = wasq_server::start(queue::dev_config(&data, concurrency), shutdown.clone())
         .await
         .unwrap();
     let api = wasq_tests::Api::with_key(server.addr.unwrap(), server.dev_key.clone());

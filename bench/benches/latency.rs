@@ -18,6 +18,11 @@
 //! CPU per run (`INFO` before and after): what a run costs Redis at that rate, not only in
 //! a backlog.
 //!
+//! Then `wasq dev` (the embedded store, its worker at its default concurrency) takes the
+//! `max` and `now` phases, its runs created over its HTTP API as a user's are (there is no
+//! store API to share with another process): create→start on SQLite, beside the same
+//! phases on Redis. No delayed phase there: its timer path is the Redis one's.
+//!
 //! `cargo bench -p wasq-bench --bench latency` (`WASQ_BENCH_SECS` sets each phase's length,
 //! 5 s by default; `WASQ_BENCH_N` the `max` phase's runs, 20000).
 
@@ -131,9 +136,84 @@ fn delay_ms(i: usize) -> i64 {
     100 + ((i as u64).wrapping_mul(2_654_435_761) % 4_900) as i64
 }
 
+/// Where a phase creates `stamp` runs and reads how late they started.
+#[async_trait::async_trait]
+trait Target: Send + Sync + 'static {
+    /// Creates a run meant to start at `t` (epoch µs), due at `due_ms` when given; its id.
+    async fn create(&self, t: i64, due_ms: Option<i64>) -> String;
+    /// How late run `id` started (µs), from its output.
+    async fn late_us(&self, id: &str) -> i64;
+    /// Returns once no run is queued or running.
+    async fn idle(&self);
+}
+
+/// wasq on Redis: the store API, the round trip BullMQ's `add` makes.
+#[async_trait::async_trait]
+impl Target for RedisStore {
+    async fn create(&self, t: i64, due_ms: Option<i64>) -> String {
+        self.enqueue(request(t, due_ms))
+            .await
+            .unwrap()
+            .run
+            .id
+            .to_string()
+    }
+
+    async fn late_us(&self, id: &str) -> i64 {
+        let run = self.run(DEFAULT_TENANT, id).await.unwrap();
+        late_of(run.expect("a created run exists").run.output.as_deref())
+    }
+
+    async fn idle(&self) {
+        until_idle(self).await;
+    }
+}
+
+/// `wasq dev`: its HTTP API.
+struct Dev(wasq_tests::Api);
+
+#[async_trait::async_trait]
+impl Target for Dev {
+    async fn create(&self, t: i64, due_ms: Option<i64>) -> String {
+        assert!(due_ms.is_none(), "wasq dev takes no delayed phase");
+        let input = String::from_utf8(input(t)).unwrap();
+        self.0.start_run("stamp", &input).await
+    }
+
+    async fn late_us(&self, id: &str) -> i64 {
+        let run = self.0.run_detail(id).await;
+        late_of(Some(run["output"].to_string().as_bytes()))
+    }
+
+    async fn idle(&self) {
+        loop {
+            let mut active = false;
+            for status in ["queued", "running"] {
+                let (code, body) = self
+                    .0
+                    .get(&format!("/v1/runs?status={status}&limit=1"))
+                    .await;
+                assert_eq!(code, 200, "{body}");
+                active |= !body.as_array().unwrap().is_empty();
+            }
+            if !active {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// `late_us` of a `stamp` run's output.
+fn late_of(output: Option<&[u8]>) -> i64 {
+    let output: serde_json::Value =
+        serde_json::from_slice(output.expect("the run succeeded")).unwrap();
+    output["late_us"].as_i64().unwrap()
+}
+
 /// Creates `n` runs at `rate` per second from a thread of its own (open loop) and returns
 /// their ids and the rate actually achieved.
-async fn open_loop(store: Arc<RedisStore>, mode: Mode, rate: f64, n: usize) -> (Vec<String>, f64) {
+async fn open_loop(target: Arc<dyn Target>, mode: Mode, rate: f64, n: usize) -> (Vec<String>, f64) {
     let handle = tokio::runtime::Handle::current();
     let producer = std::thread::spawn(move || {
         let start = Instant::now() + Duration::from_millis(20);
@@ -145,16 +225,16 @@ async fn open_loop(store: Arc<RedisStore>, mode: Mode, rate: f64, n: usize) -> (
                 std::thread::sleep(wait);
             }
             let intended = epoch + offset.as_micros() as i64;
-            let req = if mode == Mode::Delayed {
+            let (t, due_ms) = if mode == Mode::Delayed {
                 // Due on a whole millisecond (the store's resolution): lateness is measured
                 // from the due time itself.
                 let due_ms = intended / 1000 + delay_ms(i);
-                request(due_ms * 1000, Some(due_ms))
+                (due_ms * 1000, Some(due_ms))
             } else {
-                request(intended, None)
+                (intended, None)
             };
-            let store = store.clone();
-            tasks.push(handle.spawn(async move { store.enqueue(req).await }));
+            let target = target.clone();
+            tasks.push(handle.spawn(async move { target.create(t, due_ms).await }));
         }
         (tasks, n as f64 / start.elapsed().as_secs_f64())
     });
@@ -163,22 +243,21 @@ async fn open_loop(store: Arc<RedisStore>, mode: Mode, rate: f64, n: usize) -> (
         .unwrap();
     let mut ids = Vec::with_capacity(n);
     for t in tasks {
-        ids.push(t.await.unwrap().unwrap().run.id.to_string());
+        ids.push(t.await.unwrap());
     }
     (ids, achieved)
 }
 
 /// Creates `n` runs as fast as `MAX_IN_FLIGHT` creates at a time allow.
-async fn closed_loop(store: Arc<RedisStore>, n: usize) -> Vec<String> {
+async fn closed_loop(target: Arc<dyn Target>, n: usize) -> Vec<String> {
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..MAX_IN_FLIGHT {
-        let (store, next) = (store.clone(), next.clone());
+        let (target, next) = (target.clone(), next.clone());
         tasks.spawn(async move {
             let mut ids = Vec::new();
             while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < n {
-                let run = store.enqueue(request(now_us(), None)).await.unwrap().run;
-                ids.push(run.id.to_string());
+                ids.push(target.create(now_us(), None).await);
             }
             ids
         });
@@ -187,22 +266,89 @@ async fn closed_loop(store: Arc<RedisStore>, n: usize) -> Vec<String> {
 }
 
 /// How late each of `ids` started, from its output.
-async fn lateness(store: &Arc<RedisStore>, ids: &[String]) -> Vec<i64> {
+async fn lateness(target: &Arc<dyn Target>, ids: &[String]) -> Vec<i64> {
     let mut late = Vec::with_capacity(ids.len());
     for chunk in ids.chunks(200) {
         let mut reads = tokio::task::JoinSet::new();
         for id in chunk {
-            let (store, id) = (store.clone(), id.clone());
-            reads.spawn(async move { store.run(DEFAULT_TENANT, &id).await.unwrap() });
+            let (target, id) = (target.clone(), id.clone());
+            reads.spawn(async move { target.late_us(&id).await });
         }
-        for detail in reads.join_all().await {
-            let run = detail.expect("a created run exists").run;
-            let output: serde_json::Value =
-                serde_json::from_slice(run.output.as_deref().expect("the run succeeded")).unwrap();
-            late.push(output["late_us"].as_i64().unwrap());
-        }
+        late.extend(reads.join_all().await);
     }
     late
+}
+
+/// Runs `phases` against `target` after an unmeasured warm-up (as BullMQ's script warms
+/// up: the worker's first runs compile nothing, the component is cached, but fill its
+/// pools and connections); `redis`: the server whose CPU per run each phase reports.
+async fn run_phases(
+    target: Arc<dyn Target>,
+    phases: &[(Mode, Rate)],
+    secs: f64,
+    max_n: usize,
+    redis: Option<&RedisServer>,
+) -> Vec<Measured> {
+    closed_loop(target.clone(), 1000).await;
+    target.idle().await;
+    let cpu = || redis.map(|r| RedisStats::read(r.port()));
+    let mut out = Vec::new();
+    let mut max = 0.0;
+    for &(mode, rate) in phases {
+        let before = cpu();
+        let start = Instant::now();
+        let (ids, rate) = match rate {
+            Rate::Unlimited => (closed_loop(target.clone(), max_n).await, 0.0),
+            Rate::PerSec(r) => open_loop(target.clone(), mode, r, (r * secs) as usize).await,
+            Rate::OfMax(f) => {
+                open_loop(target.clone(), mode, max * f, (max * f * secs) as usize).await
+            }
+        };
+        target.idle().await;
+        let rate = if mode == Mode::Max {
+            max = ids.len() as f64 / start.elapsed().as_secs_f64();
+            max
+        } else {
+            rate
+        };
+        let mut redis_us = 0.0;
+        if let (Some(before), Some(after)) = (before, cpu()) {
+            let what = format!("wasq {} at {rate:.0}/s", mode.name());
+            before.report(&after, &what, ids.len(), true);
+            redis_us = (after.cpu - before.cpu) * 1e6 / ids.len() as f64;
+        }
+        let mut late = lateness(&target, &ids).await;
+        out.push(Measured {
+            mode,
+            rate,
+            n: ids.len(),
+            late: percentiles(&mut late),
+            redis_us,
+        });
+    }
+    out
+}
+
+/// The `max` and `now` phases on `wasq dev` (the embedded store), its runs created over
+/// its HTTP API.
+async fn wasq_dev(secs: f64, max_n: usize) -> Vec<Measured> {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let concurrency = wasq_server::Config::dev(data.clone()).concurrency;
+    let shutdown = CancellationToken::new();
+    let server = wasq_server::start(queue::dev_config(&data, concurrency), shutdown.clone())
+        .await
+        .unwrap();
+    let api = wasq_tests::Api::with_key(server.addr.unwrap(), server.dev_key.clone());
+    api.deploy("stamp", wasq_tests::guest("stamp"), "").await;
+    let phases: Vec<_> = PHASES
+        .into_iter()
+        .filter(|(mode, _)| *mode != Mode::Delayed)
+        .collect();
+    let out = run_phases(Arc::new(Dev(api)), &phases, secs, max_n, None).await;
+    shutdown.cancel();
+    let _ = server.wait().await;
+    out
 }
 
 /// Every phase for wasq, on a fresh API server (which deploys `stamp`) and one worker.
@@ -224,42 +370,7 @@ async fn wasq(redis: &RedisServer, secs: f64, max_n: usize) -> Vec<Measured> {
             .unwrap(),
     );
 
-    // Unmeasured, as BullMQ's script warms up: the worker's first runs compile nothing
-    // (the component is cached) but fill its pools and connections.
-    closed_loop(store.clone(), 1000).await;
-    until_idle(&*store).await;
-
-    let mut out = Vec::new();
-    let mut max = 0.0;
-    for (mode, rate) in PHASES {
-        let before = RedisStats::read(redis.port());
-        let start = Instant::now();
-        let (ids, rate) = match rate {
-            Rate::Unlimited => (closed_loop(store.clone(), max_n).await, 0.0),
-            Rate::PerSec(r) => open_loop(store.clone(), mode, r, (r * secs) as usize).await,
-            Rate::OfMax(f) => {
-                open_loop(store.clone(), mode, max * f, (max * f * secs) as usize).await
-            }
-        };
-        until_idle(&*store).await;
-        let rate = if mode == Mode::Max {
-            max = ids.len() as f64 / start.elapsed().as_secs_f64();
-            max
-        } else {
-            rate
-        };
-        let after = RedisStats::read(redis.port());
-        let what = format!("wasq {} at {rate:.0}/s", mode.name());
-        before.report(&after, &what, ids.len(), true);
-        let mut late = lateness(&store, &ids).await;
-        out.push(Measured {
-            mode,
-            rate,
-            n: ids.len(),
-            late: percentiles(&mut late),
-            redis_us: (after.cpu - before.cpu) * 1e6 / ids.len() as f64,
-        });
-    }
+    let out = run_phases(store, &PHASES, secs, max_n, Some(redis)).await;
     shutdown.cancel();
     let _ = worker.wait().await;
     let _ = server.wait().await;
@@ -320,6 +431,17 @@ fn ms(us: i64) -> String {
     format!("{:.2}", us as f64 / 1000.0)
 }
 
+/// A phase's p50 / p99 / p99.9 / max, in ms.
+fn cell(m: &Measured) -> String {
+    format!(
+        "{} / {} / {} / {}",
+        ms(m.late[0]),
+        ms(m.late[1]),
+        ms(m.late[2]),
+        ms(m.late[3])
+    )
+}
+
 fn main() {
     let env = |k: &str, d: f64| {
         std::env::var(k)
@@ -335,6 +457,7 @@ fn main() {
     redis.cli(&["FLUSHALL"]);
     redis.cli(&["FUNCTION", "FLUSH"]);
     let bm = bullmq(redis.port(), secs, max_n);
+    let dev = rt.block_on(wasq_dev(secs, max_n));
 
     let mut json = Vec::new();
     println!(
@@ -347,15 +470,6 @@ fn main() {
     for (w, b) in wq.iter().zip(&bm) {
         json.push(w.json("wasq"));
         json.push(b.json("bullmq"));
-        let cell = |m: &Measured| {
-            format!(
-                "{} / {} / {} / {}",
-                ms(m.late[0]),
-                ms(m.late[1]),
-                ms(m.late[2]),
-                ms(m.late[3])
-            )
-        };
         println!(
             "  {:<8} {:>17.0} /s {:>30} {:>17.0} /s {:>30} {:>10.2}",
             w.mode.name(),
@@ -385,6 +499,13 @@ fn main() {
             b.rate,
             w.rate / b.rate
         );
+    }
+    println!(
+        "wasq dev (SQLite), created over HTTP, its worker at its default concurrency, ms (p50 / p99 / p99.9 / max):"
+    );
+    for d in &dev {
+        json.push(d.json("wasq dev"));
+        println!("  {:<8} {:>17.0} /s {:>30}", d.mode.name(), d.rate, cell(d));
     }
     queue::write_json("latency", &serde_json::Value::Array(json));
 }

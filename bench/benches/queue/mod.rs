@@ -351,3 +351,14 @@ pub(crate) fn redis_worker(data: PathBuf, url: &str, concurrency: usize) -> wasq
     config.sandbox.max_instances = concurrency as u32 * 2;
     config
 }
+
+/// `wasq dev`'s configuration on `data` (the embedded store), with its worker at
+/// `concurrency`.
+pub(crate) fn dev_config(data: &std::path::Path, concurrency: usize) -> wasq_server::Config {
+    let mut config = wasq_tests::test_config(data.to_path_buf());
+    config.sandbox.compiler = wasq_server::Compiler::InProcess;
+    let dev = wasq_server::Config::dev(data.to_path_buf());
+    config.sandbox.max_instances = dev.sandbox.max_instances;
+    config.concurrency = concurrency;
+    config
+}
