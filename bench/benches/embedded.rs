@@ -19,7 +19,7 @@
 mod queue;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
 use wasq_store_redis::testing::{RedisOptions, RedisServer};
@@ -70,18 +70,7 @@ async fn wasq(n: usize) -> Figures {
         .await
         .unwrap();
     let api = wasq_tests::Api::with_key(server.addr.unwrap(), server.dev_key.clone());
-    loop {
-        let mut active = false;
-        for status in ["queued", "running"] {
-            let (code, body) = api.get(&format!("/v1/runs?status={status}&limit=1")).await;
-            assert_eq!(code, 200, "{body}");
-            active |= !body.as_array().unwrap().is_empty();
-        }
-        if !active {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    queue::until_idle_over_http(&api).await;
     let drain = start.elapsed();
     let drain_cpu = process_cpu() - cpu;
     let (code, body) = api.get("/v1/runs?status=succeeded&limit=1").await;

@@ -161,7 +161,8 @@ impl Target for RedisStore {
 
     async fn late_us(&self, id: &str) -> i64 {
         let run = self.run(DEFAULT_TENANT, id).await.unwrap();
-        late_of(run.expect("a created run exists").run.output.as_deref())
+        let output = run.expect("a created run exists").run.output;
+        late_of(&serde_json::from_slice(output.as_deref().expect("the run succeeded")).unwrap())
     }
 
     async fn idle(&self) {
@@ -181,34 +182,19 @@ impl Target for Dev {
     }
 
     async fn late_us(&self, id: &str) -> i64 {
-        let run = self.0.run_detail(id).await;
-        late_of(Some(run["output"].to_string().as_bytes()))
+        late_of(&self.0.run_detail(id).await["output"])
     }
 
     async fn idle(&self) {
-        loop {
-            let mut active = false;
-            for status in ["queued", "running"] {
-                let (code, body) = self
-                    .0
-                    .get(&format!("/v1/runs?status={status}&limit=1"))
-                    .await;
-                assert_eq!(code, 200, "{body}");
-                active |= !body.as_array().unwrap().is_empty();
-            }
-            if !active {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        queue::until_idle_over_http(&self.0).await;
     }
 }
 
-/// `late_us` of a `stamp` run's output.
-fn late_of(output: Option<&[u8]>) -> i64 {
-    let output: serde_json::Value =
-        serde_json::from_slice(output.expect("the run succeeded")).unwrap();
-    output["late_us"].as_i64().unwrap()
+/// `late_us` of a `stamp` run's output (null if the run did not succeed).
+fn late_of(output: &serde_json::Value) -> i64 {
+    output["late_us"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("a succeeded stamp run's output: {output}"))
 }
 
 /// Creates `n` runs at `rate` per second from a thread of its own (open loop) and returns

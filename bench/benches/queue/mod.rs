@@ -227,6 +227,23 @@ pub(crate) async fn until_idle_every(store: &impl Runs, every: std::time::Durati
     }
 }
 
+/// [`until_idle`] through a daemon's HTTP API (as `wasq dev`'s user sees it): returns once
+/// listing its queued and its running runs finds none.
+pub(crate) async fn until_idle_over_http(api: &wasq_tests::Api) {
+    loop {
+        let mut active = false;
+        for status in ["queued", "running"] {
+            let (code, body) = api.get(&format!("/v1/runs?status={status}&limit=1")).await;
+            assert_eq!(code, 200, "{body}");
+            active |= !body.as_array().unwrap().is_empty();
+        }
+        if !active {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
 /// Now, in microseconds since the Unix epoch: the clock the `stamp` guest reads.
 pub(crate) fn now_us() -> i64 {
     std::time::SystemTime::now()
