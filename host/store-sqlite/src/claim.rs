@@ -11,6 +11,31 @@ pub(crate) const PARK_BUDGET: usize = 1000;
 /// Tenants with due runs one claim considers at most.
 pub(crate) const LANE_TENANTS_MAX: usize = 10_000;
 
+/// The next tenant after `?1` with a run in its lane (`?2` NULL: every queue): a skip-scan
+/// of the lane index, one seek per tenant.
+const NEXT_TENANT: &str = "SELECT tenant FROM runs
+     WHERE status IN ('queued', 'sleeping') AND promoted = 1 AND parked IS NULL
+         AND tenant > ?1 AND ?2 IS NULL
+     ORDER BY tenant LIMIT 1";
+/// [`NEXT_TENANT`] in the lane of queue `?2`.
+const NEXT_TENANT_OF_QUEUE: &str = "SELECT tenant FROM runs
+     WHERE status IN ('queued', 'sleeping') AND promoted = 1 AND parked IS NULL
+         AND tenant > ?1 AND queue = ?2
+     ORDER BY tenant LIMIT 1";
+/// Tenant `?1`'s best-ranked run in its lane (`?2` NULL: every queue), with what its gates
+/// and its lease need.
+const LANE_HEAD: &str =
+    "SELECT id, status, attempt, cgate, climit, tgate, tlimit, tperiod, lease_token
+     FROM runs WHERE tenant = ?1 AND status IN ('queued', 'sleeping') AND promoted = 1
+         AND parked IS NULL AND ?2 IS NULL
+     ORDER BY rank, id LIMIT 1";
+/// [`LANE_HEAD`] in the lane of queue `?2`.
+const LANE_HEAD_OF_QUEUE: &str =
+    "SELECT id, status, attempt, cgate, climit, tgate, tlimit, tperiod, lease_token
+     FROM runs WHERE queue = ?2 AND tenant = ?1 AND status IN ('queued', 'sleeping')
+         AND promoted = 1 AND parked IS NULL
+     ORDER BY rank, id LIMIT 1";
+
 /// Takes back runs whose worker stopped renewing: queued again, or failed for good.
 pub(crate) fn reap_expired(tx: &Connection, now: i64) -> Result<(), StoreError> {
     let expired: Vec<(Run, Option<String>, bool)> = {
@@ -116,15 +141,9 @@ pub(crate) fn claim_round_robin(
         // Skip-scan of the lane index (of the queue's lane index): one seek per tenant.
         let mut next = tx
             .prepare_cached(if queue.is_some() {
-                "SELECT tenant FROM runs
-                 WHERE status IN ('queued', 'sleeping') AND promoted = 1 AND parked IS NULL
-                     AND tenant > ?1 AND queue = ?2
-                 ORDER BY tenant LIMIT 1"
+                NEXT_TENANT_OF_QUEUE
             } else {
-                "SELECT tenant FROM runs
-                 WHERE status IN ('queued', 'sleeping') AND promoted = 1 AND parked IS NULL
-                     AND tenant > ?1 AND ?2 IS NULL
-                 ORDER BY tenant LIMIT 1"
+                NEXT_TENANT
             })
             .map_err(internal)?;
         let mut from = after.to_owned();
@@ -205,15 +224,9 @@ pub(crate) fn next_startable(
             u64,
         )> = tx
             .prepare_cached(if queue.is_some() {
-                "SELECT id, status, attempt, cgate, climit, tgate, tlimit, tperiod, lease_token
-                 FROM runs WHERE queue = ?2 AND tenant = ?1 AND status IN ('queued', 'sleeping')
-                     AND promoted = 1 AND parked IS NULL
-                 ORDER BY rank, id LIMIT 1"
+                LANE_HEAD_OF_QUEUE
             } else {
-                "SELECT id, status, attempt, cgate, climit, tgate, tlimit, tperiod, lease_token
-                 FROM runs WHERE tenant = ?1 AND status IN ('queued', 'sleeping') AND promoted = 1
-                     AND parked IS NULL AND ?2 IS NULL
-                 ORDER BY rank, id LIMIT 1"
+                LANE_HEAD
             })
             .map_err(internal)?
             .query_row(params![tenant, queue], |r| {
@@ -435,34 +448,10 @@ mod tests {
                  WHERE status IN ('queued', 'sleeping') AND promoted = 0 AND due_at <= ?1",
                 "runs_due",
             ),
-            (
-                "SELECT tenant FROM runs
-                 WHERE status IN ('queued', 'sleeping') AND promoted = 1 AND parked IS NULL
-                     AND tenant > ?1
-                 ORDER BY tenant LIMIT 1",
-                "runs_lane",
-            ),
-            (
-                "SELECT id, status, attempt, cgate, climit, tgate, tlimit, tperiod, lease_token
-                 FROM runs WHERE tenant = ?1 AND status IN ('queued', 'sleeping') AND promoted = 1
-                     AND parked IS NULL
-                 ORDER BY rank, id LIMIT 1",
-                "runs_lane",
-            ),
-            (
-                "SELECT tenant FROM runs
-                 WHERE status IN ('queued', 'sleeping') AND promoted = 1 AND parked IS NULL
-                     AND tenant > ?1 AND queue = ?2
-                 ORDER BY tenant LIMIT 1",
-                "runs_queue_lane",
-            ),
-            (
-                "SELECT id, status, attempt, cgate, climit, tgate, tlimit, tperiod, lease_token
-                 FROM runs WHERE queue = ?2 AND tenant = ?1 AND status IN ('queued', 'sleeping')
-                     AND promoted = 1 AND parked IS NULL
-                 ORDER BY rank, id LIMIT 1",
-                "runs_queue_lane",
-            ),
+            (NEXT_TENANT, "runs_lane"),
+            (LANE_HEAD, "runs_lane"),
+            (NEXT_TENANT_OF_QUEUE, "runs_queue_lane"),
+            (LANE_HEAD_OF_QUEUE, "runs_queue_lane"),
             (
                 "SELECT COUNT(*) FROM runs WHERE tenant = ?1 AND cgate = ?2 AND status = 'running'",
                 "runs_gate_running",
