@@ -22,8 +22,10 @@
 //!
 //! One connection, on one writer thread that commits the calls queued meanwhile together
 //! (`writer`: each call in its own savepoint, answered after the commit): SQLite
-//! serialises writers anyway, and one connection keeps the transactions simple. This is
-//! not a multi-host backend: several processes on one file work, but use Redis for that.
+//! serialises writers anyway, and one connection keeps the transactions simple. A second
+//! connection, on a thread of its own, only copies the WAL back into the file
+//! (`checkpoint`), so that the calls do not wait for it. This is not a multi-host backend:
+//! several processes on one file work, but use Redis for that.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -38,6 +40,7 @@ use wasq_core::*;
 mod admission;
 mod attempt;
 mod cached;
+mod checkpoint;
 mod claim;
 mod connection;
 mod deliveries;
@@ -88,19 +91,28 @@ impl SqliteStore {
                 .map_err(|e| unavailable(&e))?;
         }
         let conn = Connection::open(path).map_err(|e| unavailable(&e))?;
-        Self::init(conn, clock)
+        Self::init(conn, clock, Some(path))
     }
 
     pub fn open_in_memory(clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
-        Self::init(Connection::open_in_memory().map_err(internal)?, clock)
+        Self::init(Connection::open_in_memory().map_err(internal)?, clock, None)
     }
 
-    fn init(conn: Connection, clock: Arc<dyn Clock>) -> Result<Self, StoreError> {
+    /// `file`: the database's path, for a store on a file (its WAL's checkpoints then run
+    /// beside the writer: `checkpoint`).
+    fn init(
+        mut conn: Connection,
+        clock: Arc<dyn Clock>,
+        file: Option<&Path>,
+    ) -> Result<Self, StoreError> {
         connection::configure(&conn)?;
         conn.execute_batch(SCHEMA).map_err(internal)?;
         conn.execute_batch(directory::SCHEMA).map_err(internal)?;
         conn.execute_batch(workers::SCHEMA).map_err(internal)?;
         migrate(&conn)?;
+        if let Some(path) = file {
+            checkpoint::start(&mut conn, path, checkpoint::Pace::DEFAULT, true)?;
+        }
         let conn = Arc::new(Mutex::new(conn));
         Ok(SqliteStore {
             writer: Arc::new(writer::Writer::spawn(conn.clone(), clock)),
