@@ -12,19 +12,23 @@
 //!
 //! Phases, for each system: `max` (creates as fast as 50 in flight allow while the worker
 //! runs them: the system's sustained rate), then `now` at 1,000 runs/s and at 10 / 50 / 80%
-//! of that maximum, then `delayed` (due times spread uniformly over 0.1–5 s, at 200/s).
+//! of that maximum, then `delayed` (due times spread uniformly over 0.1–5 s, at 200/s),
+//! then `cron`: 25 schedules that tick every second (`* * * * * *`, a job scheduler on
+//! BullMQ's side), so each second starts 25 runs at once, for twice the phase's length (10
+//! s at least); a run's lateness is when it started minus its tick.
 //! wasq creates through the store API (the same Redis round trip BullMQ's `add` makes),
 //! one worker at concurrency 50, a fresh sandbox per run. Each phase also reports Redis's
 //! CPU per run (`INFO` before and after): what a run costs Redis at that rate, not only in
 //! a backlog.
 //!
 //! Then `wasq dev` (the embedded store, its worker at its default concurrency) takes the
-//! `max` and `now` phases, its runs created over its HTTP API as a user's are (there is no
-//! store API to share with another process): create→start on SQLite, beside the same
-//! phases on Redis. No delayed phase there: its timer path is the Redis one's.
+//! same phases, its runs created over its HTTP API as a user's are (there is no store API
+//! to share with another process; a delayed run's due time is `at=`): create→start and
+//! lateness on SQLite, beside the same phases on Redis.
 //!
 //! `cargo bench -p wasq-bench --bench latency` (`WASQ_BENCH_SECS` sets each phase's length,
-//! 5 s by default; `WASQ_BENCH_N` the `max` phase's runs, 20000).
+//! 5 s by default; `WASQ_BENCH_N` the `max` phase's runs, 20000; `WASQ_BENCH_ONLY=dev`
+//! measures `wasq dev` alone).
 
 mod queue;
 
@@ -68,6 +72,15 @@ enum Mode {
     Max,
     Now,
     Delayed,
+    Cron,
+}
+
+/// Schedules in the `cron` phase, each ticking every second.
+const CRON_SCHEDULES: usize = 25;
+
+/// The `cron` phase's length in whole seconds: twice a phase's, 10 at least.
+fn cron_secs(secs: f64) -> usize {
+    (2.0 * secs).max(10.0).ceil() as usize
 }
 
 impl Mode {
@@ -76,6 +89,7 @@ impl Mode {
             Mode::Max => "max",
             Mode::Now => "now",
             Mode::Delayed => "delayed",
+            Mode::Cron => "cron",
         }
     }
 }
@@ -176,9 +190,19 @@ struct Dev(wasq_tests::Api);
 #[async_trait::async_trait]
 impl Target for Dev {
     async fn create(&self, t: i64, due_ms: Option<i64>) -> String {
-        assert!(due_ms.is_none(), "wasq dev takes no delayed phase");
         let input = String::from_utf8(input(t)).unwrap();
-        self.0.start_run("stamp", &input).await
+        let Some(due_ms) = due_ms else {
+            return self.0.start_run("stamp", &input).await;
+        };
+        let at = chrono::DateTime::from_timestamp_millis(due_ms)
+            .unwrap()
+            .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let (status, body) = self
+            .0
+            .post(&format!("/v1/functions/stamp/runs?at={at}"), &input)
+            .await;
+        assert_eq!(status, 201, "start a delayed run: {body}");
+        body["id"].as_str().unwrap().to_owned()
     }
 
     async fn late_us(&self, id: &str) -> i64 {
@@ -315,8 +339,81 @@ async fn run_phases(
     out
 }
 
-/// The `max` and `now` phases on `wasq dev` (the embedded store), its runs created over
-/// its HTTP API.
+/// The `cron` phase: `CRON_SCHEDULES` functions running `stamp` on a schedule that ticks
+/// every second, for `cron_secs(secs)` seconds of ticks; their schedules are paused after
+/// them. A run's lateness is when its guest started (`at_us`) minus its tick
+/// (`scheduled_at` in its input): the scheduler's timer, the enqueue, the wake-up, the
+/// claim and the instantiation. `redis`: the server whose CPU per run it reports (over
+/// every tick's run, those before and after the measured ones too).
+async fn cron(
+    target: &Arc<dyn Target>,
+    api: &wasq_tests::Api,
+    secs: f64,
+    redis: Option<&RedisServer>,
+) -> Measured {
+    let names: Vec<String> = (0..CRON_SCHEDULES).map(|k| format!("cron{k}")).collect();
+    let component = wasq_tests::guest("stamp");
+    let before = redis.map(|r| RedisStats::read(r.port()));
+    for name in &names {
+        api.deploy(name, component.clone(), "cron=*%20*%20*%20*%20*%20*")
+            .await;
+    }
+    // From the tick two seconds on: the scheduler may still be reading the new schedules
+    // at the next one.
+    let from_ms = (now_us() / 1_000_000 + 2) * 1000;
+    let until_ms = from_ms + cron_secs(secs) as i64 * 1000;
+    let left = until_ms + 500 - now_us() / 1000;
+    tokio::time::sleep(Duration::from_millis(left.max(0) as u64)).await;
+    for name in &names {
+        let (status, body) = api
+            .post(&format!("/v1/functions/{name}/schedule/pause"), "")
+            .await;
+        assert_eq!(status, 200, "pause {name}: {body}");
+    }
+    target.idle().await;
+    let mut late = Vec::new();
+    let mut runs = 0;
+    for name in &names {
+        let (status, list) = api
+            .get(&format!("/v1/runs?function={name}&limit=1000"))
+            .await;
+        assert_eq!(status, 200, "runs of {name}: {list}");
+        for run in list.as_array().unwrap() {
+            runs += 1;
+            let run = api.run_detail(run["id"].as_str().unwrap()).await;
+            let tick = chrono::DateTime::parse_from_rfc3339(
+                run["input"]["scheduled_at"].as_str().unwrap(),
+            )
+            .unwrap()
+            .timestamp_millis();
+            if (from_ms..until_ms).contains(&tick) {
+                let at = run["output"]["at_us"]
+                    .as_i64()
+                    .unwrap_or_else(|| panic!("a succeeded stamp run: {run}"));
+                late.push(at - tick * 1000);
+            }
+        }
+    }
+    let n = CRON_SCHEDULES * cron_secs(secs);
+    assert_eq!(late.len(), n, "one run per schedule and tick");
+    let redis_us = match (before, redis) {
+        (Some(before), Some(r)) => {
+            let after = RedisStats::read(r.port());
+            before.report(&after, "wasq cron", runs, true);
+            (after.cpu - before.cpu) * 1e6 / runs as f64
+        }
+        _ => 0.0,
+    };
+    Measured {
+        mode: Mode::Cron,
+        rate: CRON_SCHEDULES as f64,
+        n,
+        late: percentiles(&mut late),
+        redis_us,
+    }
+}
+
+/// Every phase on `wasq dev` (the embedded store), its runs created over its HTTP API.
 async fn wasq_dev(secs: f64, max_n: usize) -> Vec<Measured> {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
@@ -327,11 +424,9 @@ async fn wasq_dev(secs: f64, max_n: usize) -> Vec<Measured> {
         .unwrap();
     let api = wasq_tests::Api::with_key(server.addr.unwrap(), server.dev_key.clone());
     api.deploy("stamp", wasq_tests::guest("stamp"), "").await;
-    let phases: Vec<_> = PHASES
-        .into_iter()
-        .filter(|(mode, _)| *mode != Mode::Delayed)
-        .collect();
-    let out = run_phases(Arc::new(Dev(api)), &phases, secs, max_n, None).await;
+    let target: Arc<dyn Target> = Arc::new(Dev(api.clone()));
+    let mut out = run_phases(target.clone(), &PHASES, secs, max_n, None).await;
+    out.push(cron(&target, &api, secs, None).await);
     shutdown.cancel();
     let _ = server.wait().await;
     out
@@ -341,7 +436,7 @@ async fn wasq_dev(secs: f64, max_n: usize) -> Vec<Measured> {
 async fn wasq(redis: &RedisServer, secs: f64, max_n: usize) -> Vec<Measured> {
     let dir = tempfile::tempdir().unwrap();
     let shutdown = CancellationToken::new();
-    let (server, _api) = redis_api(
+    let (server, api) = redis_api(
         dir.path().join("server"),
         &redis.url(),
         "stamp",
@@ -356,7 +451,9 @@ async fn wasq(redis: &RedisServer, secs: f64, max_n: usize) -> Vec<Measured> {
             .unwrap(),
     );
 
-    let out = run_phases(store, &PHASES, secs, max_n, Some(redis)).await;
+    let target: Arc<dyn Target> = store;
+    let mut out = run_phases(target.clone(), &PHASES, secs, max_n, Some(redis)).await;
+    out.push(cron(&target, &api, secs, Some(redis)).await);
     shutdown.cancel();
     let _ = worker.wait().await;
     let _ = server.wait().await;
@@ -369,8 +466,16 @@ fn bullmq(port: u16, secs: f64, max_n: usize) -> Vec<Measured> {
     let dir = npm_peer("bullmq");
     let mut out = Vec::new();
     let mut max = 0.0;
-    for (mode, rate) in PHASES {
+    // The cron phase: RATE schedules, N jobs (RATE a second for cron_secs).
+    let cron = (
+        Mode::Cron,
+        Rate::PerSec(CRON_SCHEDULES as f64),
+        CRON_SCHEDULES * cron_secs(secs),
+    );
+    let phases = PHASES.into_iter().map(|(m, r)| (m, r, 0)).chain([cron]);
+    for (mode, rate, cron_n) in phases {
         let (rate, n) = match rate {
+            _ if mode == Mode::Cron => (CRON_SCHEDULES as f64, cron_n),
             Rate::Unlimited => (0.0, max_n),
             Rate::PerSec(r) => (r, (r * secs) as usize),
             Rate::OfMax(f) => (max * f, (max * f * secs) as usize),
@@ -437,12 +542,16 @@ fn main() {
     };
     let secs = env("WASQ_BENCH_SECS", 5.0);
     let max_n = env("WASQ_BENCH_N", 20_000.0) as usize;
-    let redis = RedisServer::start(RedisOptions::default());
     let rt = queue::daemon_runtime();
-    let wq = rt.block_on(wasq(&redis, secs, max_n));
-    redis.cli(&["FLUSHALL"]);
-    redis.cli(&["FUNCTION", "FLUSH"]);
-    let bm = bullmq(redis.port(), secs, max_n);
+    let (wq, bm) = if std::env::var("WASQ_BENCH_ONLY").as_deref() == Ok("dev") {
+        (Vec::new(), Vec::new())
+    } else {
+        let redis = RedisServer::start(RedisOptions::default());
+        let wq = rt.block_on(wasq(&redis, secs, max_n));
+        redis.cli(&["FLUSHALL"]);
+        redis.cli(&["FUNCTION", "FLUSH"]);
+        (wq, bullmq(redis.port(), secs, max_n))
+    };
     let dev = rt.block_on(wasq_dev(secs, max_n));
 
     let mut json = Vec::new();

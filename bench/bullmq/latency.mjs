@@ -15,6 +15,10 @@
 //            promotes due delayed jobs itself while fetching; when idle it blocks in BZPOPMIN
 //            until the next due time, and an idle Redis only fires that timeout on its next
 //            event-loop wake-up, every 1/hz s: up to 100 ms late at the default hz 10).
+//   cron:    RATE job schedulers (queue.upsertJobScheduler, pattern "* * * * * *": each
+//            fires every second), measured over N / RATE whole seconds of ticks starting two
+//            seconds on; a job's intended start is its tick (the nextMillis its scheduler
+//            put in its id, `repeat:<scheduler>:<tick>`). The schedulers are removed after.
 //   max:     no schedule; N adds as fast as possible, 50 in flight, while the worker drains;
 //            achieved_rate is processed jobs/s over the whole window (each system's maximum,
 //            to pick the rates for the other modes). Its percentiles are measured from the
@@ -22,7 +26,7 @@
 // Unmeasured warm-up jobs run first (see below); N counts only the measured jobs.
 // Prints one JSON line; percentiles are nearest-rank over all N jobs. Producer and worker
 // share this process, so both clocks are the same clock.
-// Usage: node latency.mjs REDIS_PORT MODE RATE N CONCURRENCY   (MODE: now | delayed | max)
+// Usage: node latency.mjs REDIS_PORT MODE RATE N CONCURRENCY   (MODE: now | delayed | max | cron)
 import { Queue, Worker } from "bullmq";
 
 const [portArg, mode, rateArg, nArg, concArg] = process.argv.slice(2);
@@ -30,8 +34,8 @@ const port = Number(portArg);
 const rate = Number(rateArg);
 const n = Number(nArg);
 const concurrency = Number(concArg);
-if (!["now", "delayed", "max"].includes(mode) || !(n > 0) || !(concurrency > 0) || !(port > 0) || (mode !== "max" && !(rate > 0))) {
-  console.error("usage: node latency.mjs REDIS_PORT now|delayed|max RATE N CONCURRENCY");
+if (!["now", "delayed", "max", "cron"].includes(mode) || !(n > 0) || !(concurrency > 0) || !(port > 0) || (mode !== "max" && !(rate > 0))) {
+  console.error("usage: node latency.mjs REDIS_PORT now|delayed|max|cron RATE N CONCURRENCY");
   process.exit(2);
 }
 
@@ -39,7 +43,7 @@ const MAX_IN_FLIGHT = 1000; // open-loop modes
 const MAX_MODE_IN_FLIGHT = 50;
 const WARMUP = 1000; // burst warm-up jobs, see below
 // Open-loop modes: unmeasured lead-in jobs on the same schedule just before the measured ones.
-const LEAD_IN = mode === "max" ? 0 : Math.max(100, Math.min(10_000, Math.round(2 * rate)));
+const LEAD_IN = mode === "max" || mode === "cron" ? 0 : Math.max(100, Math.min(10_000, Math.round(2 * rate)));
 const epochUs = (perfMs) => Math.round((performance.timeOrigin + perfMs) * 1000);
 // Pad so the job data's JSON is ~100 bytes: {"intended":<16 digits>,"pad":"xxx…"}.
 const pad = "x".repeat(Math.max(0, 100 - JSON.stringify({ intended: epochUs(performance.now()), pad: "" }).length));
@@ -55,11 +59,25 @@ let lastFinish = 0;
 let resolveDone;
 const allDone = new Promise((resolve) => (resolveDone = resolve));
 
+// cron: the ticks measured, [cronFrom, cronUntil) in epoch ms (set before the schedulers
+// start), and every scheduler's job run (for Redis's CPU per job).
+let cronFrom = Infinity;
+let cronUntil = -Infinity;
+let cronRun = 0;
 const worker = new Worker(
   name,
   async (job) => {
     const now = epochUs(performance.now());
     if (job.data.warm) return;
+    if (mode === "cron") {
+      cronRun += 1;
+      const tick = Number(job.id.split(":").pop());
+      if (tick >= cronFrom && tick < cronUntil && recorded < n) {
+        latency[recorded++] = now - tick * 1000;
+        if (recorded === n) resolveDone();
+      }
+      return;
+    }
     if (recorded < n) latency[recorded++] = now - job.data.intended;
   },
   { connection, concurrency, removeOnComplete: { count: 0 }, removeOnFail: { count: 0 } },
@@ -72,6 +90,7 @@ const onFinished = (job) => {
     if (job.data.warm === 1 && ++warmFinished === WARMUP) resolveWarm();
     return;
   }
+  if (mode === "cron") return; // counted by the processor
   finished += 1;
   lastFinish = performance.now();
   if (finished === n) resolveDone();
@@ -88,11 +107,11 @@ await worker.waitUntilReady();
 // Give up (rather than hang) if nothing finishes for a minute.
 let lastSeen = -1;
 const watchdog = setInterval(() => {
-  if (finished + warmFinished === lastSeen) {
+  if (finished + warmFinished + cronRun === lastSeen) {
     console.error(`stalled: ${warmFinished}/${WARMUP} warm-up and ${finished}/${n} jobs finished`);
     process.exit(1);
   }
-  lastSeen = finished + warmFinished;
+  lastSeen = finished + warmFinished + cronRun;
 }, 60_000);
 
 // Warm-up, not measured: the first second of a cold process runs several times slower (V8
@@ -118,7 +137,17 @@ let firstSend = 0;
 let lastAddDone = 0;
 const pending = [];
 
-if (mode === "max") {
+const schedulers = [];
+if (mode === "cron") {
+  cronFrom = (Math.floor(Date.now() / 1000) + 2) * 1000;
+  cronUntil = cronFrom + Math.round(n / rate) * 1000;
+  for (let k = 0; k < rate; k++) {
+    const id = `cron${k}`;
+    schedulers.push(id);
+    await queue.upsertJobScheduler(id, { pattern: "* * * * * *" }, { name: "lat", data: { pad } });
+  }
+  firstSend = performance.now();
+} else if (mode === "max") {
   let next = 0;
   firstSend = performance.now();
   const lane = async () => {
@@ -183,6 +212,8 @@ if (mode === "max") {
 await Promise.all(pending);
 await allDone;
 clearInterval(watchdog);
+for (const id of schedulers) await queue.removeJobScheduler(id);
+if (mode === "cron") lastAddDone = performance.now();
 
 // max: processed jobs/s from the first add to the last job finished; otherwise jobs/s
 // accepted by Redis from the first measured add call to the last measured add resolved.
@@ -198,7 +229,7 @@ const result = {
   n,
   // Every job this process added, the unmeasured warm-up and lead-in included: what the
   // caller divides Redis's CPU by.
-  jobs_run: WARMUP + LEAD_IN + n,
+  jobs_run: WARMUP + LEAD_IN + (mode === "cron" ? cronRun : n),
   concurrency,
   achieved_rate: achievedRate,
   p50_us: rank(0.5),
