@@ -187,6 +187,25 @@ async fn a_seconds_schedule_fires_once_per_tick() {
     d.stop().await;
 }
 
+/// Schedules whose ticks fall on the same second are enqueued together (the scheduler
+/// sends them at once): each still fires every tick, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_schedules_on_one_second_each_fire_every_tick_once() {
+    let (d, clock) = on_manual_clock(|_| {}).await;
+    let names: Vec<String> = (0..20).map(|i| format!("burst{i}")).collect();
+    for name in &names {
+        d.api.deploy(name, guest("echo"), EVERY_SECOND).await;
+    }
+    add_witness(&clock, &d.api).await;
+    tick_to(&clock, &d.api, "witness", T0 + 3000).await;
+    let seconds = T0.div_euclid(1000) * 1000;
+    let want: Vec<i64> = (1..=3).map(|i| seconds + i * 1000).collect();
+    for name in &names {
+        assert_eq!(wait_ticks(&d.api, name, 3).await, want, "{name}");
+    }
+    d.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missed_ticks_are_skipped_or_the_latest_is_caught_up() {
     let (d, clock) = on_manual_clock(|_| {}).await;

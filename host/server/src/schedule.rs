@@ -26,6 +26,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -38,6 +39,8 @@ use crate::cron::{self, Entry, Next};
 /// Ticks queued per expression per pass at most: a `* * * * * *` schedule catching up
 /// does not flood the queue in one go.
 const MAX_TICKS_PER_PASS: usize = 100;
+/// A tenant's tick enqueues in flight at once.
+const FIRE_IN_FLIGHT: usize = 64;
 /// A tick still pending this long after it was due is missed (the policy decides).
 const STALE_MS: Millis = 60_000;
 /// Tick searching per tenant per pass.
@@ -91,8 +94,9 @@ async fn tenant_loop(app: Arc<App>, tenant: String, shutdown: CancellationToken)
     let mut state = TenantState::default();
     loop {
         state = pass(&app, &tenant, state, app.now()).await;
-        // Just after the next second turns, by the server's clock.
-        let next = (app.now().div_euclid(1000) + 1) * 1000 + 5;
+        // Just after the next second turns, by the server's clock (its timer rounds up to
+        // the millisecond, so the pass reads a time at or past the tick).
+        let next = (app.now().div_euclid(1000) + 1) * 1000 + 1;
         tokio::select! {
             _ = app.config.clock.wait_until(next, Duration::from_millis(1005)) => {}
             _ = shutdown.cancelled() => return,
@@ -326,51 +330,81 @@ impl TenantState {
         }
     }
 
-    /// Enqueues every tick due by `now`; see the module doc for what errors do.
+    /// Enqueues every tick due by `now`; see the module doc for what errors do. The
+    /// enqueues run together (up to [`FIRE_IN_FLIGHT`]): the ticks of many schedules fall
+    /// on the same second (on the hour, say), and one store round trip after another made
+    /// the last of 25 runs 10 ms late. Their results are then taken in the ticks' order,
+    /// as before; a tick after one the store could not take stays pending even if it was
+    /// enqueued, and its idempotency key makes the next pass's enqueue answer that run.
     async fn fire(&mut self, app: &App, tenant: &str, now: Millis) {
-        for (function, t) in &mut self.functions {
+        // (function, cursor, tick), each cursor's ticks oldest first.
+        let mut due = Vec::new();
+        for (function, t) in &self.functions {
             if t.schedule.paused {
                 continue;
             }
-            for c in &mut t.cursors {
+            for (i, c) in t.cursors.iter().enumerate() {
                 // Ticks that may be missed wait until the policy has been applied.
                 if c.missed_to.is_some() {
                     continue;
                 }
-                while let Some(&tick) = c.due.front()
-                    && tick <= now
-                {
-                    match fire(app, tenant, function, &c.entry.expr, tick).await {
-                        Ok(()) if c.refused > 0 => {
-                            tracing::info!(tenant, %function, cron = %c.entry.expr, skipped = c.refused,
-                                "cron ticks are accepted again");
-                            c.refused = 0;
-                        }
-                        Ok(()) => {}
-                        Err(
-                            StoreError::QuotaExceeded { message, .. }
-                            | StoreError::StorageQuota(message)
-                            | StoreError::Full(message),
-                        ) => {
-                            c.refused += 1;
-                            if now.saturating_sub(c.refusal_logged_at) >= REFUSAL_LOG_EVERY_MS {
-                                tracing::warn!(tenant, %function, cron = %c.entry.expr, skipped = c.refused,
-                                    reason = %message, "cron ticks skipped: a quota or the store guard refuses them");
-                                c.refused = 0;
-                                c.refusal_logged_at = now;
-                            }
-                        }
-                        Err(e) if e.is_retryable() => {
-                            tracing::warn!(tenant, error = %e, "cron: the store cannot take ticks now; they stay pending");
-                            return;
-                        }
-                        Err(e) => {
-                            tracing::error!(tenant, %function, cron = %c.entry.expr, tick, error = %e,
-                                "cron: dropping a tick the store refused");
-                        }
-                    }
-                    c.handled(tick);
+                let ticks = c.due.iter().take_while(|&&tick| tick <= now);
+                due.extend(ticks.map(|&tick| (function.clone(), i, tick)));
+            }
+        }
+        let mut enqueues = Vec::with_capacity(due.len());
+        for (function, i, tick) in &due {
+            let expr = &self.functions[function].cursors[*i].entry.expr;
+            enqueues.push(fire(app, tenant, function, expr, *tick));
+        }
+        let results: Vec<_> = futures_util::stream::iter(enqueues)
+            .buffered(FIRE_IN_FLIGHT)
+            .collect()
+            .await;
+        for ((function, i, tick), result) in due.into_iter().zip(results) {
+            let Some(c) = self
+                .functions
+                .get_mut(&function)
+                .and_then(|t| t.cursors.get_mut(i))
+            else {
+                continue;
+            };
+            match result {
+                Ok(()) if c.refused > 0 => {
+                    tracing::info!(tenant, %function, cron = %c.entry.expr, skipped = c.refused,
+                        "cron ticks are accepted again");
+                    c.refused = 0;
                 }
+                Ok(()) => {}
+                Err(
+                    StoreError::QuotaExceeded { message, .. }
+                    | StoreError::StorageQuota(message)
+                    | StoreError::Full(message),
+                ) => {
+                    c.refused += 1;
+                    if now.saturating_sub(c.refusal_logged_at) >= REFUSAL_LOG_EVERY_MS {
+                        tracing::warn!(tenant, %function, cron = %c.entry.expr, skipped = c.refused,
+                            reason = %message, "cron ticks skipped: a quota or the store guard refuses them");
+                        c.refused = 0;
+                        c.refusal_logged_at = now;
+                    }
+                }
+                Err(e) if e.is_retryable() => {
+                    tracing::warn!(tenant, error = %e, "cron: the store cannot take ticks now; they stay pending");
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(tenant, %function, cron = %c.entry.expr, tick, error = %e,
+                        "cron: dropping a tick the store refused");
+                }
+            }
+            c.handled(tick);
+        }
+        for t in self.functions.values_mut() {
+            if t.schedule.paused {
+                continue;
+            }
+            for c in t.cursors.iter_mut().filter(|c| c.missed_to.is_none()) {
                 c.settle(now);
             }
         }
