@@ -1,6 +1,6 @@
 //! The daemon on Redis: Redis itself killed -9 and kept down for 10 s while runs are
-//! created and executed (issue 4, done-means 3 and 5), cron on two servers, `wasq dev
-//! --redis`. Killed and paused workers are in `chaos.rs`. Each test starts its own
+//! created and executed (issue 4, done-means 3 and 5), cron on two servers and through a
+//! partition, `wasq dev --redis`. Killed and paused workers are in `chaos.rs`. Each test starts its own
 //! `redis-server` on a free loopback port.
 
 use std::sync::Arc;
@@ -154,6 +154,64 @@ async fn two_servers_on_one_redis_fire_each_cron_tick_once() {
     for d in daemons {
         d.stop().await;
     }
+}
+
+/// Ticks of many schedules due while the server cannot reach Redis stay pending (the
+/// scheduler enqueues a second's ticks together, and stops trying at the first refusal),
+/// then each fires once when it can: no tick lost, none twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cron_ticks_due_during_a_partition_fire_once_after_it() {
+    let redis = RedisServer::start(RedisOptions::default());
+    let proxy =
+        wasq_tests::Proxy::start(format!("127.0.0.1:{}", redis.port()).parse().unwrap()).await;
+    let url = format!("redis://{}", proxy.addr);
+    let d = Daemon::start_with(|c| {
+        c.store = StoreBackend::Redis(url);
+        c.concurrency = 4;
+    })
+    .await;
+    let names: Vec<String> = (0..10).map(|i| format!("t{i}")).collect();
+    for name in &names {
+        d.api
+            .deploy(name, guest("echo"), "cron=*/1%20*%20*%20*%20*%20*")
+            .await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    proxy.cut();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    proxy.restore();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for name in &names {
+        let (status, runs) = d
+            .api
+            .get(&format!("/v1/runs?function={name}&limit=1000"))
+            .await;
+        assert_eq!(status, 200, "{runs}");
+        let mut ticks: Vec<i64> = runs
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let at = r["input"]["scheduled_at"].as_str().unwrap();
+                humantime::parse_rfc3339(at)
+                    .unwrap()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_secs() as i64
+            })
+            .collect();
+        ticks.sort();
+        let fired = ticks.len();
+        ticks.dedup();
+        assert_eq!(ticks.len(), fired, "{name}: a tick fired twice: {ticks:?}");
+        assert!(fired >= 8, "{name}: {fired} ticks in 10 s: {ticks:?}");
+        assert_eq!(
+            ticks.last().unwrap() - ticks.first().unwrap() + 1,
+            fired as i64,
+            "{name}: a tick was lost: {ticks:?}"
+        );
+    }
+    d.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

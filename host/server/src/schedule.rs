@@ -24,6 +24,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -336,6 +337,7 @@ impl TenantState {
     /// the last of 25 runs 10 ms late. Their results are then taken in the ticks' order,
     /// as before; a tick after one the store could not take stays pending even if it was
     /// enqueued, and its idempotency key makes the next pass's enqueue answer that run.
+    /// Once one enqueue fails so, those not started yet are not tried.
     async fn fire(&mut self, app: &App, tenant: &str, now: Millis) {
         // (function, cursor, tick), each cursor's ticks oldest first.
         let mut due = Vec::new();
@@ -352,10 +354,25 @@ impl TenantState {
                 due.extend(ticks.map(|&tick| (function.clone(), i, tick)));
             }
         }
+        // Set by the first enqueue the store could not take: the rest do not try (they
+        // stay pending), so an outage costs a pass at most one round of enqueues.
+        let unavailable = AtomicBool::new(false);
         let mut enqueues = Vec::with_capacity(due.len());
         for (function, i, tick) in &due {
             let expr = &self.functions[function].cursors[*i].entry.expr;
-            enqueues.push(fire(app, tenant, function, expr, *tick));
+            let unavailable = &unavailable;
+            enqueues.push(async move {
+                if unavailable.load(Ordering::Relaxed) {
+                    return Err(StoreError::Unavailable(
+                        "an earlier tick could not be enqueued".into(),
+                    ));
+                }
+                let out = fire(app, tenant, function, expr, *tick).await;
+                if out.as_ref().is_err_and(StoreError::is_retryable) {
+                    unavailable.store(true, Ordering::Relaxed);
+                }
+                out
+            });
         }
         let results: Vec<_> = futures_util::stream::iter(enqueues)
             .buffered(FIRE_IN_FLIGHT)
