@@ -16,6 +16,14 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+/// Now by the system clock, in Unix ms, for the tests on it.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -304,6 +312,31 @@ impl Api {
         let mut run = self.run_detail(id).await;
         run["logs"] = Value::Array(self.logs(id).await);
         run
+    }
+
+    /// The ticks (Unix ms, oldest first) that started runs of `function` (from their
+    /// triggers, `cron:EXPR@TIME`; runs started otherwise are left out), or the status and
+    /// body of a listing that failed.
+    pub async fn cron_ticks(&self, function: &str) -> Result<Vec<i64>, (u16, Value)> {
+        let (status, runs) = self
+            .get(&format!("/v1/runs?function={function}&limit=1000"))
+            .await;
+        if status != 200 {
+            return Err((status, runs));
+        }
+        let mut ticks: Vec<i64> = runs
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|r| {
+                let trigger = r["trigger"].as_str().unwrap();
+                let at = trigger.strip_prefix("cron:")?.rsplit_once('@')?.1;
+                let t = humantime::parse_rfc3339(at).unwrap_or_else(|e| panic!("{trigger}: {e}"));
+                Some(t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64)
+            })
+            .collect();
+        ticks.sort();
+        Ok(ticks)
     }
 
     /// The run as `GET /v1/runs/{id}` answers it.

@@ -8,11 +8,11 @@
 //! has loaded its dataset wait for it.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use wasq_store_redis::testing::{RedisOptions, RedisServer};
-use wasq_tests::{Api, Counter, DaemonProcess, Hit, Proxy, free_port, guest, wait_healthy};
+use wasq_tests::{Api, Counter, DaemonProcess, Hit, Proxy, free_port, guest, now_ms, wait_healthy};
 
 /// A server and `workers` worker processes on `redis`, a tenant `acme` with the
 /// three-step guest deployed as `three` (loopback egress allowed, to reach the counter).
@@ -89,13 +89,6 @@ async fn setup_with(url: &str, worker_urls: &[String], lease: &str) -> Setup {
         _server: server,
         _dir: dir,
     }
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
 }
 
 /// Creates `n` runs of `three` that pause `pause_ms` between steps; returns their ids.

@@ -15,7 +15,7 @@ use serde_json::Value;
 use wasq_core::{Clock, ManualClock};
 use wasq_server::StoreBackend;
 use wasq_store_redis::testing::{RedisOptions, RedisServer};
-use wasq_tests::{Api, Daemon, guest, run_cli};
+use wasq_tests::{Api, Daemon, guest, now_ms, run_cli};
 
 /// 2026-01-01T00:00:30.500Z: where the daemons on a manual clock start, half a second
 /// into a second and half a minute clear of a minute's turn.
@@ -247,33 +247,11 @@ async fn missed_ticks_are_skipped_or_the_latest_is_caught_up() {
 /// A per-second schedule, as a query string.
 const EVERY_SECOND: &str = "cron=*/1%20*%20*%20*%20*%20*";
 
-/// Now by the system clock, for the tests on it.
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
 /// The ticks (Unix ms) that started runs of `function`, oldest first.
 async fn ticks(api: &Api, function: &str) -> Vec<i64> {
-    let (status, runs) = api
-        .get(&format!("/v1/runs?function={function}&limit=1000"))
-        .await;
-    assert_eq!(status, 200, "{runs}");
-    let mut out: Vec<i64> = runs
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|r| {
-            let trigger = r["trigger"].as_str().unwrap();
-            let at = trigger.strip_prefix("cron:")?.rsplit_once('@')?.1;
-            let t = humantime::parse_rfc3339(at).unwrap_or_else(|e| panic!("{trigger}: {e}"));
-            Some(t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64)
-        })
-        .collect();
-    out.sort();
-    out
+    api.cron_ticks(function)
+        .await
+        .unwrap_or_else(|(status, body)| panic!("runs of {function}: {status} {body}"))
 }
 
 /// A tenant with these quotas (JSON) and a client holding its key.

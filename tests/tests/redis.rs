@@ -1,7 +1,7 @@
 //! The daemon on Redis: Redis itself killed -9 and kept down for 10 s while runs are
 //! created and executed (issue 4, done-means 3 and 5), cron on two servers and through a
-//! partition, `wasq dev --redis`. Killed and paused workers are in `chaos.rs`. Each test starts its own
-//! `redis-server` on a free loopback port.
+//! partition, `wasq dev --redis`. Killed and paused workers are in `chaos.rs`. Each test
+//! starts its own `redis-server` on a free loopback port.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use wasq_server::StoreBackend;
 use wasq_store_redis::testing::{RedisOptions, RedisServer};
-use wasq_tests::{Daemon, free_port, guest};
+use wasq_tests::{Daemon, free_port, guest, now_ms};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_killed_and_down_for_10s_loses_no_accepted_run() {
@@ -128,57 +128,25 @@ async fn two_servers_on_one_redis_fire_each_cron_tick_once() {
     // whole second after a scheduler first sees it).
     tokio::time::sleep(Duration::from_millis(12_000)).await;
 
-    let ticks = cron_ticks(api, "ticker").await.expect("the API answers");
+    let ticks = api.cron_ticks("ticker").await.expect("the API answers");
     assert_every_tick_once("ticker", &ticks, 10);
     for d in daemons {
         d.stop().await;
     }
 }
 
-/// The ticks (Unix seconds, sorted, repeats kept) that started runs of `function`; None
-/// while the API cannot answer (its store unreachable).
-async fn cron_ticks(api: &wasq_tests::Api, function: &str) -> Option<Vec<i64>> {
-    let (status, runs) = api
-        .get(&format!("/v1/runs?function={function}&limit=1000"))
-        .await;
-    if status != 200 {
-        return None;
-    }
-    let mut ticks: Vec<i64> = runs
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            let trigger = r["trigger"].as_str().unwrap();
-            let at = trigger.rsplit_once('@').unwrap().1;
-            humantime::parse_rfc3339(at)
-                .map(|t| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64)
-                .unwrap_or_else(|e| panic!("{trigger}: {e}"))
-        })
-        .collect();
-    ticks.sort();
-    Some(ticks)
-}
-
-/// Asserts that `function` (a schedule ticking every second) fired every tick from its
-/// first to its last once, and at least `min` of them.
+/// Asserts that `function` (a schedule ticking every second) fired every tick (Unix ms,
+/// oldest first) from its first to its last once, and at least `min` of them.
 fn assert_every_tick_once(function: &str, ticks: &[i64], min: usize) {
     let mut once = ticks.to_vec();
     once.dedup();
     assert_eq!(once, ticks, "{function}: a tick fired twice");
     assert!(ticks.len() >= min, "{function}: {ticks:?}");
     assert_eq!(
-        ticks.last().unwrap() - ticks.first().unwrap() + 1,
+        (ticks.last().unwrap() - ticks.first().unwrap()) / 1000 + 1,
         ticks.len() as i64,
         "{function}: a tick was skipped: {ticks:?}"
     );
-}
-
-fn now_secs() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64
 }
 
 /// Ticks of many schedules due while the server cannot reach Redis stay pending (the
@@ -202,20 +170,22 @@ async fn cron_ticks_due_during_a_partition_fire_once_after_it() {
             .await;
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let cut_at = now_secs();
+    let cut_at = now_ms();
     proxy.cut();
     tokio::time::sleep(Duration::from_secs(3)).await;
     proxy.restore();
-    let restored_at = now_secs();
+    let restored_at = now_ms();
     // Each schedule's ticks from before the cut to after the partition healed (however
     // long the server takes to reconnect), every one once.
     let deadline = Instant::now() + Duration::from_secs(60);
     for name in &names {
         loop {
-            let ticks = cron_ticks(&d.api, name).await.unwrap_or_default();
-            if ticks.last().is_some_and(|&t| t > restored_at) {
+            // Err while the server has not reconnected yet.
+            let ticks = d.api.cron_ticks(name).await.unwrap_or_default();
+            // By whole seconds, as ticks fall.
+            if ticks.last().is_some_and(|&t| t / 1000 > restored_at / 1000) {
                 assert!(
-                    ticks[0] < cut_at,
+                    ticks[0] / 1000 < cut_at / 1000,
                     "{name}: no tick before the cut: {ticks:?}"
                 );
                 assert_every_tick_once(name, &ticks, 1);

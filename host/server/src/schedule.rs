@@ -379,13 +379,8 @@ impl TenantState {
             .collect()
             .await;
         for ((function, i, tick), result) in due.into_iter().zip(results) {
-            let Some(c) = self
-                .functions
-                .get_mut(&function)
-                .and_then(|t| t.cursors.get_mut(i))
-            else {
-                continue;
-            };
+            let t = self.functions.get_mut(&function);
+            let c = &mut t.expect("a function `due` was collected from").cursors[i];
             match result {
                 Ok(()) if c.refused > 0 => {
                     tracing::info!(tenant, %function, cron = %c.entry.expr, skipped = c.refused,

@@ -97,7 +97,7 @@ pub(crate) fn start(
     } else {
         None
     };
-    let on_writer = counts.clone();
+    let counted = counts.clone();
     // The WAL's length when the thread was last woken.
     let mut woken_at: c_int = 0;
     // Replaces SQLite's automatic checkpoint (which is a WAL hook of its own).
@@ -112,7 +112,7 @@ pub(crate) fn start(
                 if let Ok((_, copied)) = wal.checkpoint_v2(CheckpointMode::PASSIVE)
                     && copied > 0
                 {
-                    on_writer.on_writer.fetch_add(1, Ordering::Relaxed);
+                    counted.on_writer.fetch_add(1, Ordering::Relaxed);
                 }
             } else if pages >= woken_at + step(pace, pages)
                 && let Some(wake) = &wake
@@ -175,13 +175,20 @@ mod tests {
         (len.saturating_sub(32) / (24 + 4096)) as i64
     }
 
-    fn open(dir: &tempfile::TempDir) -> (Connection, std::path::PathBuf) {
+    /// A store-like connection on a new file in `dir`, its checkpoints taken at `pace`
+    /// (by the thread too with `beside`).
+    fn open(
+        dir: &tempfile::TempDir,
+        pace: Pace,
+        beside: bool,
+    ) -> (Connection, std::path::PathBuf, Arc<Counts>) {
         let path = dir.path().join("db");
-        let conn = Connection::open(&path).unwrap();
+        let mut conn = Connection::open(&path).unwrap();
         crate::connection::configure(&conn).unwrap();
         conn.execute_batch("CREATE TABLE t (k INTEGER PRIMARY KEY, v BLOB NOT NULL)")
             .unwrap();
-        (conn, path)
+        let counts = start(&mut conn, &path, pace, beside).unwrap();
+        (conn, path, counts)
     }
 
     fn rows(conn: &Connection) -> i64 {
@@ -194,12 +201,11 @@ mod tests {
     #[test]
     fn the_thread_checkpoints_and_the_wal_stays_bounded() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut conn, path) = open(&dir);
         let pace = Pace {
             step: 100,
             tail: 1000,
         };
-        let counts = start(&mut conn, &path, pace, true).unwrap();
+        let (conn, path, counts) = open(&dir, pace, true);
         // About 20,000 pages, twenty times the bound.
         commit(&conn, 2_000, 10);
         assert!(
@@ -224,12 +230,11 @@ mod tests {
     #[test]
     fn the_writer_bounds_the_wal_alone() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut conn, path) = open(&dir);
         let pace = Pace {
             step: 100,
             tail: 2000,
         };
-        let counts = start(&mut conn, &path, pace, false).unwrap();
+        let (conn, path, counts) = open(&dir, pace, false);
         for _ in 0..1_000 {
             if wal_frames(&path) >= 1_200 {
                 break;
