@@ -218,3 +218,57 @@ async fn wasq_dev_on_redis_runs_the_tour() {
         "run not found in Redis: {keys}"
     );
 }
+
+/// Every command Redis executed so far (`INFO commandstats`, commands scripts call
+/// included).
+fn redis_commands(redis: &RedisServer) -> u64 {
+    redis
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// An attack on the cron scheduler: a tenant deploys hundreds of functions without a
+/// schedule. The scheduler reads each tenant's scheduled functions every second, from an
+/// index of them alone, so those functions cost Redis nothing per second (it read every
+/// function of every tenant each second: 300 functions, 300 hash reads a second, for as
+/// long as they stay deployed). The one schedule still fires every second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn functions_without_a_schedule_cost_the_cron_scheduler_nothing() {
+    let redis = RedisServer::start(RedisOptions::default());
+    let url = redis.url();
+    // No worker: what Redis executes is the API's and the scheduler's.
+    let d = Daemon::api_on_redis(&url, |_| {}).await;
+    d.api
+        .deploy("ticker", guest("echo"), "cron=*/1%20*%20*%20*%20*%20*")
+        .await;
+    const UNSCHEDULED: u64 = 300;
+    for i in 0..UNSCHEDULED {
+        d.api.deploy(&format!("plain-{i}"), guest("echo"), "").await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (before, t0) = (redis_commands(&redis), Instant::now());
+    let ticks_before = d.api.cron_ticks("ticker").await.expect("listed").len();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let ticks = d.api.cron_ticks("ticker").await.expect("listed");
+    let per_second = (redis_commands(&redis) - before) as f64 / t0.elapsed().as_secs_f64();
+    assert!(
+        ticks.len() >= ticks_before + 4,
+        "the schedule fires every second: {ticks:?}"
+    );
+    assert_every_tick_once("ticker", &ticks, 4);
+    // A tick's enqueue and the two listings above cost some dozens of commands a second.
+    assert!(
+        per_second < (UNSCHEDULED / 3) as f64,
+        "{per_second:.0} Redis commands a second with {UNSCHEDULED} functions without a schedule"
+    );
+    d.stop().await;
+}

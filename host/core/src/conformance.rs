@@ -44,6 +44,11 @@ fn scenarios<S: Store + Directory + Workers>() -> Vec<(&'static str, &'static st
             |s, c| Box::pin(runs::deploy(s, c)),
         ),
         (
+            "schedules",
+            "the scheduled functions are listed with their schedules as deployed",
+            |s, c| Box::pin(runs::schedules(s, c)),
+        ),
+        (
             "enqueue_unknown",
             "enqueue needs a deployed function",
             |s, c| Box::pin(runs::enqueue_unknown(s, c)),
@@ -392,6 +397,7 @@ macro_rules! conformance_tests {
     (@list $what:ident $arg:tt) => {
         $crate::conformance_tests! { @ $what $arg;
             deploy,
+            schedules,
             enqueue_unknown,
             claim_once,
             claim_order,

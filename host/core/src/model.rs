@@ -218,6 +218,13 @@ pub struct Schedule {
     pub resumed_at: Option<Millis>,
 }
 
+/// A function's schedule, as the cron scheduler reads it ([`crate::Registry::schedules`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scheduled {
+    pub function: String,
+    pub schedule: Schedule,
+}
+
 /// What happens to ticks that passed while no server was running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

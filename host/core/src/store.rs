@@ -13,6 +13,11 @@ pub trait Registry: Send + Sync + 'static {
     async fn deploy(&self, req: DeployRequest) -> Result<Function, StoreError>;
     async fn function(&self, tenant: &str, name: &str) -> Result<Option<Function>, StoreError>;
     async fn functions(&self, tenant: &str) -> Result<Vec<Function>, StoreError>;
+    /// The tenant's functions that have a schedule (paused ones too), by name, and their
+    /// schedules: what the cron scheduler reads every second. A backend answers it from an
+    /// index of the scheduled functions alone, so that however many other functions a
+    /// tenant deploys, the scheduler's reads do not grow with them.
+    async fn schedules(&self, tenant: &str) -> Result<Vec<Scheduled>, StoreError>;
     async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError>;
 }
 

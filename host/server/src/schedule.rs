@@ -106,10 +106,12 @@ async fn tenant_loop(app: Arc<App>, tenant: String, shutdown: CancellationToken)
 }
 
 async fn pass(app: &App, tenant: &str, state: TenantState, now: Millis) -> TenantState {
-    let functions = match app.store.functions(tenant).await {
+    // Only the scheduled functions: a tenant's other functions, however many, cost the
+    // pass nothing (`Registry::schedules` reads an index of them).
+    let functions = match app.store.schedules(tenant).await {
         Ok(f) => f,
         Err(e) => {
-            tracing::warn!(tenant, error = %e, "cron: cannot list the tenant's functions; retrying");
+            tracing::warn!(tenant, error = %e, "cron: cannot list the tenant's schedules; retrying");
             return state;
         }
     };
@@ -245,14 +247,13 @@ impl Default for TenantState {
 }
 
 impl TenantState {
-    /// Follows the tenant's functions as listed at `now` and finds their due ticks, until
+    /// Follows the tenant's schedules as listed at `now` and finds their due ticks, until
     /// `deadline`. Runs on a blocking thread.
-    fn plan(&mut self, tenant: &str, functions: Vec<Function>, now: Millis, deadline: Instant) {
+    fn plan(&mut self, tenant: &str, functions: Vec<Scheduled>, now: Millis, deadline: Instant) {
         let mut seen = HashSet::new();
-        for f in functions {
-            let Some(schedule) = f.schedule else { continue };
-            seen.insert(f.name.clone());
-            let tracked = self.functions.get_mut(&f.name);
+        for Scheduled { function, schedule } in functions {
+            seen.insert(function.clone());
+            let tracked = self.functions.get_mut(&function);
             if let Some(t) = tracked
                 && t.schedule.crons == schedule.crons
                 && t.schedule.tz == schedule.tz
@@ -263,9 +264,9 @@ impl TenantState {
             // New, or its expressions changed: an expression kept keeps its progress.
             let (entries, problems) = cron::entries(&schedule);
             for problem in problems {
-                tracing::warn!(tenant, function = %f.name, %problem, "cron: ignoring part of a stored schedule");
+                tracing::warn!(tenant, %function, %problem, "cron: ignoring part of a stored schedule");
             }
-            let mut old: HashMap<String, Cursor> = match self.functions.remove(&f.name) {
+            let mut old: HashMap<String, Cursor> = match self.functions.remove(&function) {
                 Some(t) if t.schedule.tz == schedule.tz => t
                     .cursors
                     .into_iter()
@@ -280,7 +281,8 @@ impl TenantState {
                         .unwrap_or_else(|| Cursor::new(e, now, schedule.missed))
                 })
                 .collect();
-            self.functions.insert(f.name, Tracked { schedule, cursors });
+            self.functions
+                .insert(function, Tracked { schedule, cursors });
         }
         self.functions.retain(|name, _| seen.contains(name));
 

@@ -72,6 +72,23 @@ impl RedisStore {
         Ok(fns)
     }
 
+    pub(crate) async fn list_schedules(&self, tenant: &str) -> Result<Vec<Scheduled>, StoreError> {
+        let (_, rest) = self
+            .script(&scripts::SCHEDULES, tenant, Args::new())
+            .await?;
+        let h = hash(rest.into_iter().next().unwrap_or(Value::Nil))?;
+        let mut out = h
+            .into_iter()
+            .map(|(function, schedule)| {
+                let schedule = serde_json::from_slice(&schedule)
+                    .map_err(|e| corrupt(format!("the schedule of function {function:?}: {e}")))?;
+                Ok(Scheduled { function, schedule })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        out.sort_by(|a, b| a.function.cmp(&b.function));
+        Ok(out)
+    }
+
     pub(crate) async fn read_component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let key = format!("{}:component:{digest}", self.inner.ns);
         self.query(redis::cmd("GET").arg(key)).await

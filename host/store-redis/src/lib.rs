@@ -89,11 +89,12 @@
 //! | `G seq` | hash | tenant → sequence number of the last applied `due` update (Cluster) |
 //! | `G wake` | list | wake-up tokens for `wait_for_work` (BLPOP), at most 64 |
 //! | `G wake:<queue>` | list | the same for workers naming the queue (tenants with named queues): one per run that entered its lane, one when its due time came earlier |
-//! | `P meta` | hash | `next` (last published due time), `seq` (its sequence number); with named queues `mq` = 1 and `next:<queue>` (each queue's); `feed`: the tenant feed is recorded until then |
+//! | `P meta` | hash | `next` (last published due time), `seq` (its sequence number); with named queues `mq` = 1 and `next:<queue>` (each queue's); `feed`: the tenant feed is recorded until then; `crons` = 1 once `crons` is complete |
 //! | `P fn:<name>` | hash | name, digest, size_bytes, settings JSON, sv (its version: 16 hex of its SHA-1), max_attempts, queue (absent: `default`), events JSON, schedule JSON, created_at, updated_at |
 //! | `P queues` | set | the tenant's queues besides `default` (named by deploys; it only grows) |
 //! | `P qload` | hash | `<queue>\|queued`, `<queue>\|running` → runs of a named queue (the default queue's are the rest of `st:queued`, `st:running`) |
 //! | `P fns` | set | function names |
+//! | `P crons` | hash | scheduled function's name → its schedule JSON (a copy of the `fn:` hash's, kept by deploys: what the cron scheduler reads each second); `meta.crons` marks it complete (built once from `fns` for a tenant deployed before it) |
 //! | `P sub:<event>` | set | functions started by the event |
 //! | `P sets` | hash | settings version → settings JSON: a run pins its function's settings by version, so each version is stored once (deleted by `collect_components` once no run or function has it) |
 //! | `P run:<id>` | hash | function, digest, sv (the settings version it pins; runs from before versions hold `settings` JSON instead), retry (override JSON), max_attempts (with manual-retry grants), status, input, output, error JSON, attempt, trigger, progress JSON, created_at, updated_at, due_at, finished_at, idempotency_key, parent, trace (the W3C traceparent of what created it), wait JSON, priority, keys JSON; bookkeeping: lease_token, lease_expires_at, worker, cancel_requested, resumed, nosteps (set at creation, cleared by the first step: a claim skips the step keys), wait_step, wait_event, wait_ver, wait_run, resolution (what waiters on it receive once it ended); flow: rank_offset, cgate + climit, tgate + tlimit + tperiod, dgate, parked (the gate it waits on); qu (its queue, absent for `default`); up (the hash is no longer packed: see `UNPACK_COST`). The id and tenant are the key's (runs written before also kept them here); attempt, lease_token, resumed, cancel_requested, rank_offset and priority are absent while `0` |
@@ -698,6 +699,10 @@ impl Registry for RedisStore {
 
     async fn functions(&self, tenant: &str) -> Result<Vec<Function>, StoreError> {
         self.list_functions(tenant).await
+    }
+
+    async fn schedules(&self, tenant: &str) -> Result<Vec<Scheduled>, StoreError> {
+        self.list_schedules(tenant).await
     }
 
     async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {

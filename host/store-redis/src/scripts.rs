@@ -158,7 +158,7 @@ macro_rules! tenant_script {
 }
 
 /// Every tenant script, each registered in the library under its name.
-const TENANT_SCRIPTS: [&TenantScript; 21] = [
+const TENANT_SCRIPTS: [&TenantScript; 22] = [
     &DEPLOY,
     &ENQUEUE,
     &ENQUEUE_BATCH,
@@ -177,6 +177,7 @@ const TENANT_SCRIPTS: [&TenantScript; 21] = [
     &DIGESTS,
     &LIST,
     &FUNCTIONS,
+    &SCHEDULES,
     &DELIVERIES,
     &DELIVERY_LIST,
     &LOAD,
@@ -386,6 +387,10 @@ pub(crate) static LIST: TenantScript = tenant_script!("list", reads);
 
 /// All functions of a tenant.
 pub(crate) static FUNCTIONS: TenantScript = tenant_script!("functions", reads);
+
+/// The tenant's scheduled functions and their schedules (`crons`), built once from its
+/// functions for a tenant deployed before `crons` existed.
+pub(crate) static SCHEDULES: TenantScript = tenant_script!("schedules", writes);
 
 #[cfg(test)]
 mod tests {

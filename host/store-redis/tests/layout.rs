@@ -1,7 +1,8 @@
 //! How a run is laid out in Redis, against a real redis-server: a run pins its function's
 //! settings by version instead of copying them, its hash stays packed (a listpack) while
 //! its values are short, a long input is kept beside it, and runs and functions an older
-//! wasq wrote (settings copied into every run, no versions) are still read and run.
+//! wasq wrote (settings copied into every run, no versions; no index of schedules) are
+//! still read and run.
 
 use std::sync::Arc;
 
@@ -372,4 +373,54 @@ async fn no_index_of_all_runs_and_an_old_one_goes_at_the_first_purge() {
     assert_eq!(purge_all(&store).await, 1);
     assert_eq!(server.cli(&["EXISTS", &all]).trim(), "0", "dropped");
     assert!(store.run("t", &running.id).await.unwrap().is_some());
+}
+
+/// The cron scheduler reads `crons`, the scheduled functions alone; a tenant whose
+/// functions were deployed before `crons` existed gets it built once from them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_are_read_from_their_own_index_built_once_for_older_tenants() {
+    let server = RedisServer::start(RedisOptions::default());
+    let store = store(&server.url()).await;
+    let schedule = Schedule {
+        crons: vec!["*/5 * * * * *".into()],
+        tz: "UTC".into(),
+        missed: Missed::Skip,
+        paused: false,
+        resumed_at: None,
+    };
+    for (name, schedule) in [("plain", None), ("ticking", Some(schedule.clone()))] {
+        store
+            .deploy(DeployRequest {
+                tenant: "t".into(),
+                name: name.into(),
+                digest: "d".into(),
+                component: b"c".to_vec(),
+                settings: settings(),
+                events: vec![],
+                schedule,
+            })
+            .await
+            .expect("deploy");
+    }
+    let p = store.tenant_prefix("t");
+    let crons = format!("{p}crons");
+    assert_eq!(server.cli(&["HKEYS", &crons]).trim(), "ticking");
+    let want = vec![Scheduled {
+        function: "ticking".into(),
+        schedule,
+    }];
+    assert_eq!(store.schedules("t").await.unwrap(), want);
+
+    // As an older wasq left the tenant: schedules only in the functions' hashes.
+    assert_eq!(server.cli(&["DEL", &crons]).trim(), "1");
+    assert_eq!(
+        server.cli(&["HDEL", &format!("{p}meta"), "crons"]).trim(),
+        "1"
+    );
+    assert_eq!(store.schedules("t").await.unwrap(), want, "built from fn:");
+    assert_eq!(server.cli(&["HKEYS", &crons]).trim(), "ticking");
+    assert_eq!(
+        server.cli(&["HGET", &format!("{p}meta"), "crons"]).trim(),
+        "1"
+    );
 }

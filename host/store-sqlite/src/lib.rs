@@ -212,6 +212,28 @@ impl Registry for SqliteStore {
         .await
     }
 
+    async fn schedules(&self, tenant: &str) -> Result<Vec<Scheduled>, StoreError> {
+        let tenant = tenant.to_owned();
+        self.tx(move |tx, _| {
+            let mut stmt = tx
+                .prepare_cached(
+                    "SELECT name, schedule FROM functions INDEXED BY functions_scheduled
+                     WHERE tenant = ?1 AND schedule IS NOT NULL ORDER BY name",
+                )
+                .map_err(internal)?;
+            let rows = stmt
+                .query_map([tenant], |r| {
+                    Ok(Scheduled {
+                        function: r.get(0)?,
+                        schedule: from_json(&r.get::<_, String>(1)?)?,
+                    })
+                })
+                .map_err(internal)?;
+            rows.collect::<Result<_, _>>().map_err(internal)
+        })
+        .await
+    }
+
     async fn component(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let digest = digest.to_owned();
         self.tx(move |tx, _| {

@@ -22,6 +22,9 @@ CREATE TABLE IF NOT EXISTS functions (
     updated_at INTEGER NOT NULL,
     PRIMARY KEY (tenant, name)
 );
+-- The cron scheduler reads a tenant's scheduled functions every second: through this
+-- index, however many functions without a schedule the tenant has.
+CREATE INDEX IF NOT EXISTS functions_scheduled ON functions (tenant, name) WHERE schedule IS NOT NULL;
 CREATE TABLE IF NOT EXISTS runs (
     id               TEXT PRIMARY KEY,
     tenant           TEXT NOT NULL,

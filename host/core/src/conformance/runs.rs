@@ -54,6 +54,67 @@ pub(super) async fn deploy(store: impl Store, clock: ManualClock) {
     assert_eq!(names, ["alpha", "hello"]);
 }
 
+/// `schedules` lists the functions that have a schedule (paused ones too), by name, as
+/// their latest deploy left them; a redeploy without a schedule takes one off the list.
+pub(super) async fn schedules(store: impl Store, _clock: ManualClock) {
+    let every = |expr: &str, paused| Schedule {
+        crons: vec![expr.into()],
+        tz: "Europe/Paris".into(),
+        missed: Missed::Latest,
+        paused,
+        resumed_at: None,
+    };
+    let deploy = |tenant: &str, name: &str, schedule: Option<Schedule>| {
+        store.deploy(DeployRequest {
+            tenant: tenant.into(),
+            name: name.into(),
+            digest: "d1".into(),
+            component: b"bytes of d1".to_vec(),
+            settings: settings(1),
+            events: vec![],
+            schedule,
+        })
+    };
+    assert_eq!(store.schedules(DEFAULT_TENANT).await.unwrap(), []);
+    deploy(DEFAULT_TENANT, "plain", None).await.unwrap();
+    deploy(DEFAULT_TENANT, "b", Some(every("0 * * * *", false)))
+        .await
+        .unwrap();
+    deploy(DEFAULT_TENANT, "a", Some(every("*/5 * * * * *", true)))
+        .await
+        .unwrap();
+    deploy("other", "c", Some(every("0 0 * * *", false)))
+        .await
+        .unwrap();
+    let listed = |name: &str, schedule| Scheduled {
+        function: name.into(),
+        schedule,
+    };
+    assert_eq!(
+        store.schedules(DEFAULT_TENANT).await.unwrap(),
+        [
+            listed("a", every("*/5 * * * * *", true)),
+            listed("b", every("0 * * * *", false))
+        ]
+    );
+    // Resumed (a redeploy with the schedule changed), and one schedule dropped.
+    let mut resumed = every("*/5 * * * * *", false);
+    resumed.resumed_at = Some(T0 + 1);
+    deploy(DEFAULT_TENANT, "a", Some(resumed.clone()))
+        .await
+        .unwrap();
+    deploy(DEFAULT_TENANT, "b", None).await.unwrap();
+    assert_eq!(
+        store.schedules(DEFAULT_TENANT).await.unwrap(),
+        [listed("a", resumed)]
+    );
+    assert_eq!(
+        store.schedules("other").await.unwrap(),
+        [listed("c", every("0 0 * * *", false))]
+    );
+    assert_eq!(store.schedules("nobody").await.unwrap(), []);
+}
+
 pub(super) async fn enqueue_unknown(store: impl Store, _clock: ManualClock) {
     let err = store
         .enqueue(EnqueueRequest {

@@ -34,22 +34,25 @@ pub(crate) async fn list_schedules(
     State(app): State<Arc<App>>,
     scope: TenantScope,
 ) -> Result<Json<Vec<ScheduleView>>, ApiError> {
-    let functions = app.store.functions(&scope.tenant).await?;
+    let scheduled = app.store.schedules(&scope.tenant).await?;
     // Searching ticks is CPU work: on a blocking thread, within a budget.
     let views = tokio::task::spawn_blocking(move || {
         let now = app.now();
         let deadline = std::time::Instant::now() + LIST_SCHEDULES_BUDGET;
         let mut out = vec![];
-        for f in functions {
-            let Some(s) = &f.schedule else { continue };
-            for entry in crate::cron::entries(s).0 {
+        for Scheduled {
+            function,
+            schedule: s,
+        } in scheduled
+        {
+            for entry in crate::cron::entries(&s).0 {
                 let next = if s.paused || std::time::Instant::now() >= deadline {
                     vec![]
                 } else {
                     entry.upcoming(now, 5)
                 };
                 out.push(ScheduleView {
-                    function: f.name.clone(),
+                    function: function.clone(),
                     next,
                     cron: entry.expr,
                     tz: s.tz.clone(),

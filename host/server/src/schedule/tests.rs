@@ -38,13 +38,25 @@ fn function(crons: &[&str], tz: &str, missed: Missed) -> Function {
     }
 }
 
+/// What the store lists of `f` (`Registry::schedules`): it, while it has a schedule.
+fn listed(f: &Function) -> Vec<Scheduled> {
+    let schedule = f.schedule.clone();
+    schedule
+        .map(|schedule| Scheduled {
+            function: f.name.clone(),
+            schedule,
+        })
+        .into_iter()
+        .collect()
+}
+
 fn far() -> Instant {
     Instant::now() + Duration::from_secs(60)
 }
 
 /// A pass at `now` in which every due tick is enqueued: the ticks, oldest first.
 fn pass(state: &mut TenantState, f: &Function, now: Millis) -> Vec<Millis> {
-    state.plan("t", vec![f.clone()], now, far());
+    state.plan("t", listed(f), now, far());
     let mut fired = vec![];
     for t in state.functions.values_mut() {
         if t.schedule.paused {
@@ -152,11 +164,11 @@ fn pending_ticks_wait_for_the_store_then_become_missed() {
     pass(&mut st, &f, t0);
     // The store is down: passes find the ticks but cannot enqueue them.
     for s in 1..=5 {
-        st.plan("t", vec![f.clone()], t0 + s * 1000, far());
+        st.plan("t", listed(&f), t0 + s * 1000, far());
     }
     assert_eq!(pass(&mut st, &f, t0 + 6000), secs(&[1, 2, 3, 4, 5, 6]));
     for s in 7..=200 {
-        st.plan("t", vec![f.clone()], t0 + s * 1000, far());
+        st.plan("t", listed(&f), t0 + s * 1000, far());
     }
     assert_eq!(
         pass(&mut st, &f, t0 + 201_000),
@@ -196,7 +208,7 @@ fn a_search_budget_cut_goes_on_where_it_stopped() {
     let mut st = TenantState::default();
     let t0 = ms(T0);
     // No budget: nothing is searched, and nothing fires.
-    st.plan("t", vec![f.clone()], t0, Instant::now());
+    st.plan("t", listed(&f), t0, Instant::now());
     let searched = |st: &TenantState| {
         st.functions["f"]
             .cursors
@@ -206,7 +218,7 @@ fn a_search_budget_cut_goes_on_where_it_stopped() {
     };
     assert_eq!(searched(&st), 0);
     assert_eq!(pass(&mut st, &f, t0), NONE);
-    st.plan("t", vec![f.clone()], t0 + 1, far());
+    st.plan("t", listed(&f), t0 + 1, far());
     assert_eq!(searched(&st), 10);
     assert_eq!(
         pass(&mut st, &f, t0 + 10_000),
