@@ -206,6 +206,43 @@ async fn many_schedules_on_one_second_each_fire_every_tick_once() {
     d.stop().await;
 }
 
+/// On the real clock: a tick's run is enqueued a moment ahead of its tick (the scheduler's
+/// lead), due at its tick, and no attempt starts before its tick.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticks_run_is_enqueued_ahead_and_starts_at_its_tick_not_before() {
+    let d = Daemon::start().await;
+    d.api.deploy("ahead", guest("echo"), EVERY_SECOND).await;
+    let ticks = wait_ticks(&d.api, "ahead", 4).await;
+    let (_, runs) = d.api.get("/v1/runs?function=ahead&limit=1000").await;
+    let mut ahead = 0;
+    for r in runs.as_array().unwrap() {
+        let id = r["id"].as_str().unwrap();
+        let run = d.api.wait_run(id, Duration::from_secs(30)).await;
+        assert_eq!(run["status"], "succeeded", "{run:#}");
+        let tick = ticks
+            .iter()
+            .copied()
+            .find(|t| r["trigger"].as_str().unwrap().ends_with(&tick_rfc3339(*t)))
+            .unwrap_or_else(|| panic!("a tick for {r:#}"));
+        assert_eq!(run["due_at"], tick, "due at its tick: {run:#}");
+        let started = run["attempts"][0]["started_at"].as_i64().unwrap();
+        assert!(started >= tick, "started {started} before its tick {tick}");
+        if run["created_at"].as_i64().unwrap() < tick {
+            ahead += 1;
+        }
+    }
+    // Each pass runs 100 ms before its second: on a machine too loaded to run one of them
+    // on time, the others still were.
+    assert!(ahead > 0, "no run was created ahead of its tick: {runs:#}");
+    d.stop().await;
+}
+
+/// A tick as triggers write it (`cron:EXPR@TIME`).
+fn tick_rfc3339(tick: i64) -> String {
+    let at = std::time::UNIX_EPOCH + Duration::from_millis(tick as u64);
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missed_ticks_are_skipped_or_the_latest_is_caught_up() {
     let (d, clock) = on_manual_clock(|_| {}).await;

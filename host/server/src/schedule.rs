@@ -4,6 +4,9 @@
 //! idempotency key `cron:<expression>:<tick ms>`, so the store keeps the first and answers
 //! the others with it. Expressions, time zones and bounded tick searches are `cron.rs`'s.
 //!
+//! A pass runs [`LEAD_MS`] before each second turns and enqueues that second's ticks as
+//! runs due at their tick: they start on time, not after the pass.
+//!
 //! Tenants are kept apart (issue 10, findings 3 and 4): each has its own task, so one
 //! tenant's full queue, failing store calls or many schedules delay nobody else's ticks.
 //! Tick searches run on a blocking thread, at most [`SEARCH_BUDGET`] per tenant per pass;
@@ -37,6 +40,12 @@ use wasq_core::*;
 use crate::App;
 use crate::cron::{self, Entry, Next};
 
+/// How long before its tick a tick's run is enqueued (due at the tick: it does not start
+/// before). Enqueueing a second's ticks just after it turned made them late by the pass
+/// itself: the wake-up, reading the schedules, and one enqueue per tick (25 ticks on one
+/// second: a run started 8 ms after its tick at the median on `wasq dev`). The price: a
+/// pause or redeploy less than this before a tick does not stop that tick's run.
+const LEAD_MS: Millis = 100;
 /// Ticks queued per expression per pass at most: a `* * * * * *` schedule catching up
 /// does not flood the queue in one go.
 const MAX_TICKS_PER_PASS: usize = 100;
@@ -90,22 +99,42 @@ pub(crate) async fn run(app: Arc<App>, shutdown: CancellationToken) {
     }
 }
 
-/// One tenant's schedules, once a second (just after the second turns).
+/// One tenant's schedules, once a second, [`LEAD_MS`] before the second turns: the pass
+/// enqueues that second's ticks ahead, as runs due at their tick.
 async fn tenant_loop(app: Arc<App>, tenant: String, shutdown: CancellationToken) {
     let mut state = TenantState::default();
+    // The second whose ticks the next pass enqueues.
+    let mut second = (app.now().div_euclid(1000) + 1) * 1000;
     loop {
-        state = pass(&app, &tenant, state, app.now()).await;
-        // Just after the next second turns, by the server's clock (its timer rounds up to
-        // the millisecond, so the pass reads a time at or past the tick).
-        let next = (app.now().div_euclid(1000) + 1) * 1000 + 1;
+        let now = app.now();
+        // The clock's wait also returns after a while of real time (on a manual clock that
+        // did not move, say): that pass enqueues nothing ahead.
+        let ahead = now >= second - LEAD_MS;
+        let at = Window {
+            now,
+            horizon: if ahead { second.max(now) } else { now },
+        };
+        state = pass(&app, &tenant, state, at).await;
+        if ahead {
+            second = (at.horizon.div_euclid(1000) + 1) * 1000;
+        }
         tokio::select! {
-            _ = app.config.clock.wait_until(next, Duration::from_millis(1005)) => {}
+            _ = app.config.clock.wait_until(second - LEAD_MS, Duration::from_millis(1005)) => {}
             _ = shutdown.cancelled() => return,
         }
     }
 }
 
-async fn pass(app: &App, tenant: &str, state: TenantState, now: Millis) -> TenantState {
+/// When a pass runs: the clock's time, and up to when it enqueues ticks (`now`, or the
+/// second it runs ahead of: ticks not due yet become runs due at their tick).
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    now: Millis,
+    horizon: Millis,
+}
+
+/// Finds the ticks due within `at` and enqueues them.
+async fn pass(app: &App, tenant: &str, state: TenantState, at: Window) -> TenantState {
     // Only the scheduled functions: a tenant's other functions, however many, cost the
     // pass nothing (`Registry::schedules` reads an index of them).
     let functions = match app.store.schedules(tenant).await {
@@ -118,7 +147,7 @@ async fn pass(app: &App, tenant: &str, state: TenantState, now: Millis) -> Tenan
     let name = tenant.to_owned();
     let planned = tokio::task::spawn_blocking(move || {
         let mut state = state;
-        state.plan(&name, functions, now, Instant::now() + SEARCH_BUDGET);
+        state.plan(&name, functions, at, Instant::now() + SEARCH_BUDGET);
         state
     })
     .await;
@@ -129,7 +158,7 @@ async fn pass(app: &App, tenant: &str, state: TenantState, now: Millis) -> Tenan
             return TenantState::default();
         }
     };
-    state.fire(app, tenant, now).await;
+    state.fire(app, tenant, at).await;
     state
 }
 
@@ -203,8 +232,8 @@ impl Cursor {
         self.missed_to = Some(self.missed_to.map_or(until, |m| m.max(until)));
     }
 
-    /// Applies the missed policy, then finds the ticks up to `now` (and the next one).
-    fn search(&mut self, missed: Missed, now: Millis, deadline: Instant) {
+    /// Applies the missed policy, then finds the ticks up to `until` (and the next one).
+    fn search(&mut self, missed: Missed, until: Millis, deadline: Instant) {
         if let Some(m) = self.missed_to.take()
             && m > self.done
         {
@@ -219,7 +248,7 @@ impl Cursor {
             self.done = m;
             self.searched_to = self.searched_to.max(m);
         }
-        while self.searched_to < now
+        while self.searched_to < until
             && self.due.len() < MAX_TICKS_PER_PASS
             && Instant::now() < deadline
         {
@@ -247,9 +276,10 @@ impl Default for TenantState {
 }
 
 impl TenantState {
-    /// Follows the tenant's schedules as listed at `now` and finds their due ticks, until
-    /// `deadline`. Runs on a blocking thread.
-    fn plan(&mut self, tenant: &str, functions: Vec<Scheduled>, now: Millis, deadline: Instant) {
+    /// Follows the tenant's schedules as listed at `at.now` and finds their ticks up to
+    /// `at.horizon` (and the next one), until `deadline`. Runs on a blocking thread.
+    fn plan(&mut self, tenant: &str, functions: Vec<Scheduled>, at: Window, deadline: Instant) {
+        let Window { now, horizon } = at;
         let mut seen = HashSet::new();
         for Scheduled { function, schedule } in functions {
             seen.insert(function.clone());
@@ -329,18 +359,20 @@ impl TenantState {
                 return;
             }
             let (missed, c) = &mut active[at];
-            c.search(*missed, now, deadline);
+            c.search(*missed, horizon, deadline);
         }
     }
 
-    /// Enqueues every tick due by `now`; see the module doc for what errors do. The
+    /// Enqueues every tick due by `at.horizon` (those after `at.now` as runs due at their
+    /// tick); see the module doc for what errors do. The
     /// enqueues run together (up to [`FIRE_IN_FLIGHT`]): the ticks of many schedules fall
     /// on the same second (on the hour, say), and one store round trip after another made
     /// the last of 25 runs 10 ms late. Their results are then taken in the ticks' order,
     /// as before; a tick after one the store could not take stays pending even if it was
     /// enqueued, and its idempotency key makes the next pass's enqueue answer that run.
     /// Once one enqueue fails so, those not started yet are not tried.
-    async fn fire(&mut self, app: &App, tenant: &str, now: Millis) {
+    async fn fire(&mut self, app: &App, tenant: &str, at: Window) {
+        let (now, horizon) = (at.now, at.horizon);
         // (function, cursor, tick), each cursor's ticks oldest first.
         let mut due = Vec::new();
         for (function, t) in &self.functions {
@@ -352,7 +384,7 @@ impl TenantState {
                 if c.missed_to.is_some() {
                     continue;
                 }
-                let ticks = c.due.iter().take_while(|&&tick| tick <= now);
+                let ticks = c.due.iter().take_while(|&&tick| tick <= horizon);
                 due.extend(ticks.map(|&tick| (function.clone(), i, tick)));
             }
         }
@@ -419,7 +451,7 @@ impl TenantState {
                 continue;
             }
             for c in t.cursors.iter_mut().filter(|c| c.missed_to.is_none()) {
-                c.settle(now);
+                c.settle(horizon);
             }
         }
     }
@@ -449,7 +481,9 @@ async fn fire(
                 .to_string()
                 .into_bytes(),
             trigger: format!("cron:{expr}@{when}"),
-            due_at: None,
+            // Due at its tick, whenever it is enqueued: not before it (`LEAD_MS`), and a
+            // tick caught up late ranks by when it was due.
+            due_at: Some(tick),
             idempotency_key: Some(format!("cron:{expr}:{tick}")),
             retry: None,
             parent: None,

@@ -50,13 +50,18 @@ fn listed(f: &Function) -> Vec<Scheduled> {
         .collect()
 }
 
+/// A pass at `now` that enqueues nothing ahead.
+fn at(now: Millis) -> Window {
+    Window { now, horizon: now }
+}
+
 fn far() -> Instant {
     Instant::now() + Duration::from_secs(60)
 }
 
 /// A pass at `now` in which every due tick is enqueued: the ticks, oldest first.
 fn pass(state: &mut TenantState, f: &Function, now: Millis) -> Vec<Millis> {
-    state.plan("t", listed(f), now, far());
+    state.plan("t", listed(f), at(now), far());
     let mut fired = vec![];
     for t in state.functions.values_mut() {
         if t.schedule.paused {
@@ -164,11 +169,11 @@ fn pending_ticks_wait_for_the_store_then_become_missed() {
     pass(&mut st, &f, t0);
     // The store is down: passes find the ticks but cannot enqueue them.
     for s in 1..=5 {
-        st.plan("t", listed(&f), t0 + s * 1000, far());
+        st.plan("t", listed(&f), at(t0 + s * 1000), far());
     }
     assert_eq!(pass(&mut st, &f, t0 + 6000), secs(&[1, 2, 3, 4, 5, 6]));
     for s in 7..=200 {
-        st.plan("t", listed(&f), t0 + s * 1000, far());
+        st.plan("t", listed(&f), at(t0 + s * 1000), far());
     }
     assert_eq!(
         pass(&mut st, &f, t0 + 201_000),
@@ -208,7 +213,7 @@ fn a_search_budget_cut_goes_on_where_it_stopped() {
     let mut st = TenantState::default();
     let t0 = ms(T0);
     // No budget: nothing is searched, and nothing fires.
-    st.plan("t", listed(&f), t0, Instant::now());
+    st.plan("t", listed(&f), at(t0), Instant::now());
     let searched = |st: &TenantState| {
         st.functions["f"]
             .cursors
@@ -218,7 +223,7 @@ fn a_search_budget_cut_goes_on_where_it_stopped() {
     };
     assert_eq!(searched(&st), 0);
     assert_eq!(pass(&mut st, &f, t0), NONE);
-    st.plan("t", listed(&f), t0 + 1, far());
+    st.plan("t", listed(&f), at(t0 + 1), far());
     assert_eq!(searched(&st), 10);
     assert_eq!(
         pass(&mut st, &f, t0 + 10_000),
@@ -240,4 +245,24 @@ fn first_sight_fires_the_latest_tick_only_when_asked() {
         pass(&mut st, &f, ms("2026-01-03T09:00:00Z")),
         vec![ms("2026-01-03T09:00:00Z")]
     );
+}
+
+/// A pass that runs ahead of a second (`LEAD_MS` before it) enqueues that second's tick,
+/// also of a schedule it sees for the first time; the next pass goes on from there.
+#[test]
+fn a_pass_ahead_of_its_second_takes_that_seconds_tick() {
+    let f = function(&["* * * * * *"], "UTC", Missed::Skip);
+    let mut st = TenantState::default();
+    let second = ms(T0) + 500;
+    let ahead = |second: Millis| Window {
+        now: second - LEAD_MS,
+        horizon: second,
+    };
+    st.plan("t", listed(&f), ahead(second), far());
+    let due = |st: &TenantState| st.functions["f"].cursors[0].due.clone();
+    assert_eq!(due(&st), [second], "first sight, {LEAD_MS} ms ahead");
+    st.functions.get_mut("f").unwrap().cursors[0].handled(second);
+    st.functions.get_mut("f").unwrap().cursors[0].settle(second);
+    st.plan("t", listed(&f), ahead(second + 1000), far());
+    assert_eq!(due(&st), [second + 1000]);
 }
