@@ -12,7 +12,7 @@
 //! enqueue), which does not depend on the machine either.
 //!
 //! `cargo bench -p wasq-bench --bench redis_ir` (N defaults to 2000, `WASQ_BENCH_N` sets
-//! it; needs `valgrind`). Redis runs about 50× slower under callgrind. With
+//! it; needs `valgrind`; `WASQ_BENCH_ONLY=serial` runs the one-at-a-time phases alone). Redis runs about 50× slower under callgrind. With
 //! `WASQ_BENCH_CALLGRIND_DIR=DIR` the dumps (one per phase, in order) are kept in DIR for
 //! `callgrind_annotate`.
 
@@ -290,6 +290,73 @@ async fn transitions(redis: &Counted, n: usize, step: bool) -> [f64; 3] {
     [enqueue, claim, end]
 }
 
+/// One run at a time, the queue otherwise idle (most queues, most of the time): enqueue a
+/// run, claim it (as a worker with 50 free slots), end it with one step; N times. What
+/// each script call does besides its run (reaping, publishing the tenant's due time,
+/// wake-ups) is then paid by every run, where a backlog shares it among a batch.
+async fn serial(redis: &Counted, n: usize) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let shutdown = CancellationToken::new();
+    let url = redis.url();
+    let (server, _api) = redis_api(dir.path().join("server"), &url, "echo", shutdown.clone()).await;
+    let store = RedisStore::connect(&url, Arc::new(SystemClock))
+        .await
+        .unwrap();
+    redis.zero();
+    for i in 0..n {
+        let req = EnqueueRequest {
+            tenant: DEFAULT_TENANT.into(),
+            function: "echo".into(),
+            input: format!(r#"{{"i":{i}}}"#).into_bytes(),
+            trigger: "bench".into(),
+            ..EnqueueRequest::default()
+        };
+        store.enqueue(req).await.unwrap();
+        let req = ClaimRequest {
+            worker: "bench".into(),
+            limit: CONCURRENCY,
+            lease_ms: 30_000,
+            queues: Vec::new(),
+        };
+        let claimed = store.claim(req).await.unwrap();
+        assert_eq!(claimed.len(), 1, "run {i} is claimed");
+        let c = &claimed[0];
+        let end = AttemptEnd {
+            lease: c.lease.clone(),
+            records: vec![Record::Step {
+                name: "echo".into(),
+                occurrence: 0,
+                output: c.run.input.clone(),
+                logs: vec![],
+            }],
+            outcome: Outcome::Succeeded {
+                output: c.run.input.clone(),
+                fuel_used: Some(1),
+            },
+        };
+        for r in store.end_attempts(vec![end]).await {
+            r.unwrap();
+        }
+    }
+    let per_run = redis.read() as f64 / n as f64;
+    shutdown.cancel();
+    let _ = server.wait().await;
+    per_run
+}
+
+/// BullMQ one job at a time (`bench/bullmq/serial.mjs`): add, process, then the next.
+fn bullmq_serial(redis: &Counted, n: usize) -> f64 {
+    let dir = npm_peer("bullmq");
+    redis.zero();
+    let args = ["serial.mjs".to_owned(), redis.port.to_string(), n.to_string()];
+    peer_json(
+        &dir,
+        "node",
+        &[&args[..], &[CONCURRENCY.to_string()]].concat(),
+    );
+    redis.read() as f64 / n as f64
+}
+
 fn bullmq(redis: &Counted, n: usize) -> f64 {
     let dir = npm_peer("bullmq");
     redis.zero();
@@ -313,13 +380,30 @@ fn main() {
         .unwrap_or(2000);
     let redis = Counted::start();
     let rt = queue::daemon_runtime();
+    if std::env::var("WASQ_BENCH_ONLY").as_deref() == Ok("serial") {
+        let wasq = rt.block_on(serial(&redis, n));
+        redis.cli(&["FLUSHALL"]);
+        redis.cli(&["FUNCTION", "FLUSH"]);
+        let bull = bullmq_serial(&redis, n);
+        println!(
+            "one run at a time, {n} runs: wasq {:.1}k, BullMQ {:.1}k Redis instructions per run, ratio {:.2}",
+            wasq / 1000.0,
+            bull / 1000.0,
+            wasq / bull
+        );
+        return;
+    }
     let [t_enqueue, t_claim, t_end] = rt.block_on(transitions(&redis, n, false));
     let [_, _, t_end_step] = rt.block_on(transitions(&redis, n, true));
     let (enqueue, drain, memory) = rt.block_on(wasq(&redis, n, "echo"));
     let (step_enqueue, step_drain, _) = rt.block_on(wasq(&redis, n, "one_step"));
     redis.cli(&["FLUSHALL"]);
+    let one_at_a_time = rt.block_on(serial(&redis, n));
+    redis.cli(&["FLUSHALL"]);
     redis.cli(&["FUNCTION", "FLUSH"]);
     let bull = bullmq(&redis, n);
+    redis.cli(&["FLUSHALL"]);
+    let bull_one_at_a_time = bullmq_serial(&redis, n);
     let k = |v: f64| v / 1000.0;
     println!("Redis instructions per run (thousands), {n} runs, counted by callgrind:");
     println!(
@@ -342,6 +426,12 @@ fn main() {
         k(t_end_step)
     );
     println!("  BullMQ add + process: {:.1}k", k(bull));
+    println!(
+        "  one run at a time, otherwise idle (wasq: enqueue, claim, end with a step): wasq {:.1}k, BullMQ {:.1}k, ratio {:.2}",
+        k(one_at_a_time),
+        k(bull_one_at_a_time),
+        one_at_a_time / bull_one_at_a_time
+    );
     println!("  Redis memory per queued run (a ~10-byte input): {memory:.0} B");
     println!(
         "  ratio wasq ÷ BullMQ, whole life: no-op {:.2}, one step {:.2}",
@@ -356,6 +446,7 @@ fn main() {
             "wasq_one_step": { "enqueue": step_enqueue, "drain": step_drain },
             "transitions": { "enqueue": t_enqueue, "claim": t_claim, "end": t_end, "end_with_step": t_end_step },
             "bullmq": bull,
+            "one_at_a_time": { "wasq": one_at_a_time, "bullmq": bull_one_at_a_time },
             "memory_per_queued_run": memory,
         }),
     );
