@@ -348,7 +348,11 @@ async fn serial(redis: &Counted, n: usize) -> f64 {
 fn bullmq_serial(redis: &Counted, n: usize) -> f64 {
     let dir = npm_peer("bullmq");
     redis.zero();
-    let args = ["serial.mjs".to_owned(), redis.port.to_string(), n.to_string()];
+    let args = [
+        "serial.mjs".to_owned(),
+        redis.port.to_string(),
+        n.to_string(),
+    ];
     peer_json(
         &dir,
         "node",

@@ -1,7 +1,8 @@
 //! Failure and wake-up behaviour against real redis-server processes: a dead or frozen
 //! Redis gives `Unavailable` quickly and the same store recovers; idle workers wake on new
-//! work and at due times; a big tenant does not starve a small one; startup warnings; a
-//! Redis that lost the scripts' function library gets it back from the store.
+//! work and at due times; each transition publishes the tenant's next due time; a big
+//! tenant does not starve a small one; startup warnings; a Redis that lost the scripts'
+//! function library gets it back from the store.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -420,4 +421,61 @@ async fn the_wake_list_stays_bounded_while_nobody_waits() {
     server.cli(&["LTRIM", wake, "0", "9"]);
     store.enqueue(request("t", None)).await.unwrap();
     assert_eq!(server.cli(&["LLEN", wake]).trim(), "11");
+}
+
+/// The tenant's published due time (`G due`, what idle workers sleep until) after each
+/// transition of one run at a time, beside a run delayed by 100 s: the claim's lease
+/// expiry while the run runs (a worker that dies leaves it to be taken back then), the
+/// delayed run's time once it ended. A claim reads the heads of the tenant's timers once
+/// and publishes from what it read and wrote; none of it may come out later than the
+/// truth.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_transition_publishes_the_tenants_next_due_time() {
+    let server = RedisServer::start(RedisOptions::default());
+    let clock = ManualClock::new(1_000_000);
+    let store = RedisStore::connect_with(
+        &server.url(),
+        Arc::new(clock.clone()),
+        StoreOptions::default().with_namespace("pub"),
+    )
+    .await
+    .unwrap();
+    deploy(&store, "t").await;
+    let published = || -> Option<i64> {
+        let v = server.cli(&["ZSCORE", "pub:g:{pub}:due", "t"]);
+        v.trim().parse().ok()
+    };
+    store.enqueue(request("t", Some(1_100_000))).await.unwrap();
+    assert_eq!(published(), Some(1_100_000), "the delayed run");
+    store.enqueue(request("t", None)).await.unwrap();
+    assert_eq!(published(), Some(0), "a run due now");
+    clock.advance(10);
+    let claimed = store.claim(claim_req(10)).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(published(), Some(1_000_010 + 30_000), "its lease's expiry");
+    // Renewed: the lease expires later, the due time follows.
+    clock.advance(10);
+    let renewal = store
+        .renew(&[claimed[0].lease.clone()], 30_000)
+        .await
+        .unwrap();
+    assert!(renewal.lost.is_empty());
+    assert_eq!(published(), Some(1_000_020 + 30_000));
+    // Its worker died: past its lease, a claim takes the run back and leases it again.
+    clock.set(1_000_020 + 30_000);
+    let again = store.claim(claim_req(10)).await.unwrap();
+    assert_eq!(again.len(), 1, "the run whose lease expired");
+    assert_eq!(published(), Some(1_030_020 + 30_000));
+    let ends = store
+        .end_attempts(vec![AttemptEnd {
+            lease: again[0].lease.clone(),
+            records: vec![],
+            outcome: Outcome::Succeeded {
+                output: b"{}".to_vec(),
+                fuel_used: None,
+            },
+        }])
+        .await;
+    assert!(ends[0].is_ok(), "{ends:?}");
+    assert_eq!(published(), Some(1_100_000), "the delayed run again");
 }

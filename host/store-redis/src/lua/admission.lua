@@ -167,7 +167,7 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
     if tonumber(due) <= NOW then
       lane_add(queue, I(tonumber(due) + tonumber(fl.offset)), id)
     else
-      redis.call('ZADD', KREADY, due, id)
+      zadd_maint(KREADY, due, id)
     end
     if fl.rgate ~= '' then window_log(fl.rgate, tonumber(fl.rlimit)) end
   end

@@ -12,7 +12,9 @@ local wake = 0
 -- then n × (id, lease token, T_ARGS transition)) it applies each to a run still under
 -- that lease, and leaves runs that expired in between to the next claim. ARGV[11]: the
 -- queues to take from, comma-separated, in order ('': every queue, as one).
-local expired = redis.call('ZRANGEBYSCORE', KLEASES, '-inf', NOWS, 'LIMIT', '0', '@REAP_BATCH@')
+-- (Each of the four maintenance zsets is read by due_members, which notes its head for
+-- `publish`.)
+local expired = due_members(KLEASES, '@REAP_BATCH@')
 if ARGV[10] == '' then
   local need = {}
   for _, id in ipairs(expired) do
@@ -41,7 +43,7 @@ for _, id in ipairs(expired) do
   end
 end
 -- Waits whose time is up resolve as timed out.
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', KTIMEOUTS, '-inf', NOWS, 'LIMIT', '0', '@REAP_BATCH@')) do
+for _, id in ipairs(due_members(KTIMEOUTS, '@REAP_BATCH@')) do
   if redis.call('HGET', runkey(id), 'status') == 'waiting' then
     resolve_wait(id, @TIMED_OUT@)
     wake = wake + 1
@@ -52,7 +54,7 @@ end
 -- Throttle windows that opened: as many parked runs as they have room for go back into
 -- the lane, best rank first; while runs stay parked the gate's timer is set to when the
 -- window opens next (counting the let-through runs as started now).
-for _, gate in ipairs(redis.call('ZRANGEBYSCORE', KGTIMER, '-inf', NOWS, 'LIMIT', '0', '@REAP_BATCH@')) do
+for _, gate in ipairs(due_members(KGTIMER, '@REAP_BATCH@')) do
   local pk = P .. 'park:' .. gate
   local cfg = redis.call('HGET', KTCFG, gate)
   local again = nil
@@ -71,7 +73,7 @@ for _, gate in ipairs(redis.call('ZRANGEBYSCORE', KGTIMER, '-inf', NOWS, 'LIMIT'
     if redis.call('ZCARD', pk) > 0 then again = math.max(oldest + period, NOW + 1) end
   end
   if again then
-    redis.call('ZADD', KGTIMER, I(again), gate)
+    zadd_maint(KGTIMER, I(again), gate)
   else
     redis.call('ZREM', KGTIMER, gate)
     redis.call('HDEL', KTCFG, gate)
@@ -79,7 +81,7 @@ for _, gate in ipairs(redis.call('ZRANGEBYSCORE', KGTIMER, '-inf', NOWS, 'LIMIT'
 end
 -- Due runs enter the lane, ranked by due time + priority offset.
 -- (Workers of another queue learn of them from the due times published after.)
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', KREADY, '-inf', NOWS, 'LIMIT', '0', '@PROMOTE_BATCH@')) do
+for _, id in ipairs(due_members(KREADY, '@PROMOTE_BATCH@')) do
   local h = redis.call('HMGET', runkey(id), 'due_at', 'rank_offset', 'qu')
   redis.call('ZREM', KREADY, id)
   redis.call('ZADD', lane(h[3] or nil), I(tonumber(h[1]) + tonumber(h[2] or '0')), id)
@@ -152,8 +154,7 @@ while #out < room and parks > 0 do
   elseif throttled and window_full(tgate, tonumber(tlimit), tonumber(tperiod)) then
     park(id, tgate, score, r.qu)
     redis.call('HSET', KTCFG, tgate, tlimit .. '|' .. tperiod)
-    redis.call('ZADD', KGTIMER, 'LT',
-      I(window_full(tgate, tonumber(tlimit), tonumber(tperiod))), tgate)
+    zadd_maint(KGTIMER, I(window_full(tgate, tonumber(tlimit), tonumber(tperiod))), tgate, 'LT')
     parks = parks - 1
   else
     if throttled then window_log(tgate, tonumber(tlimit)) end

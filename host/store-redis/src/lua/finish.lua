@@ -117,7 +117,7 @@ local function finish(e)
   if status == 'waiting' then
     local W = e.wait
     local until_, on, target = ARGV[W + 2], ARGV[W + 3], ARGV[W + 4]
-    if until_ ~= '' then redis.call('ZADD', KTIMEOUTS, until_, id) end
+    if until_ ~= '' then zadd_maint(KTIMEOUTS, until_, id) end
     if on == 'event' then
       local ver = redis.call('HINCRBY', P .. 'waitver', target, '1')
       charge(id, unpack_cost(id, { 'wait_event', target }))

@@ -291,6 +291,43 @@ end
 -- `publish` sends to the workers of that queue.
 local LANEADD
 
+-- The earliest score of each maintenance zset (`ready`, `leases`, `timeouts`, `gtimer`) as
+-- this call read it (false: empty; absent: not read), so that `publish` need not read it
+-- again: a claim reads all four first. Writes keep it at or before the truth, never after:
+-- a ZADD (zadd_maint) lowers it, a ZREM leaves it. A due time published too early costs a
+-- visit that finds nothing; one too late would leave runs waiting.
+local HEADS
+
+-- The last score zadd_maint converted, and its number: a claim's leases share one
+-- expiry, and `tonumber` costs a strtod.
+local LASTS, LASTN
+
+-- ZADD key [opt] score id (`score` a string, as Redis takes it).
+local function zadd_maint(key, score, id, opt)
+  if opt then redis.call('ZADD', key, opt, score, id) else redis.call('ZADD', key, score, id) end
+  local h = HEADS[key]
+  if h ~= nil then
+    if score ~= LASTS then LASTS, LASTN = score, tonumber(score) end
+    if h == false or LASTN < h then HEADS[key] = LASTN end
+  end
+end
+
+-- The members of maintenance zset `key` due now, at most `limit`; notes its head.
+local function due_members(key, limit)
+  local h = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
+  if not h[1] then
+    HEADS[key] = false
+    return {}
+  end
+  local s = tonumber(h[2])
+  if s > NOW then
+    HEADS[key] = s
+    return {}
+  end
+  HEADS[key] = nil
+  return redis.call('ZRANGEBYSCORE', key, '-inf', NOWS, 'LIMIT', '0', limit)
+end
+
 -- A named queue's queued and running runs (`qload`: `<queue>|queued`, `<queue>|running`);
 -- the default queue's are the rest of `st:queued` and `st:running`.
 local function queue_load(q, status, n)
@@ -407,10 +444,11 @@ local function move(id, status, fields, pre, lens, from)
     if due <= NOW then
       lane_add(h[3] or nil, I(due + tonumber(h[2] or '0')), id)
     else
-      redis.call('ZADD', KREADY, h[1], id)
+      zadd_maint(KREADY, h[1], id)
     end
   elseif status == 'running' then
-    redis.call('ZADD', KLEASES, field_or_stored(fields, 'lease_expires_at', rk), id)
+    local exp = field_or_stored(fields, 'lease_expires_at', rk)
+    zadd_maint(KLEASES, exp, id)
   elseif status == 'succeeded' or status == 'skipped' then
     redis.call('ZADD', KENDOK, field_or_stored(fields, 'finished_at', rk), id)
   elseif status == 'failed' or status == 'cancelled' then
@@ -610,7 +648,7 @@ local function enter(args)
   KEY = @KEY_COST@ + #P
   QUOTAS = nil
   TDELTA, RDELTA, UEXEC, UFUEL = 0, {}, 0, 0
-  QLIST, LANEADD = nil, {}
+  QLIST, LANEADD, HEADS = nil, {}, {}
   FEEDQ, FEEDUNTIL = {}, nil
   if P ~= KP then
     KP = P

@@ -10,15 +10,16 @@ end
 
 -- The earliest of the tenant's not yet due runs, lease expiries, wait timeouts and
 -- throttle windows opening (what any claim of the tenant takes care of, whatever queues
--- it names); nil when it has none.
+-- it names); nil when it has none. A zset whose head this call knows (HEADS) is not read.
 local function maintenance_due()
   local best = nil
-  for _, z in ipairs({ 'ready', 'leases', 'timeouts', 'gtimer' }) do
-    local h = redis.call('ZRANGE', P .. z, '0', '0', 'WITHSCORES')
-    if h[2] then
-      local s = tonumber(h[2])
-      if best == nil or s < best then best = s end
+  for _, z in ipairs({ KREADY, KLEASES, KTIMEOUTS, KGTIMER }) do
+    local s = HEADS[z]
+    if s == nil then
+      local h = redis.call('ZRANGE', z, '0', '0', 'WITHSCORES')
+      s = h[2] and tonumber(h[2]) or false
     end
+    if s and (best == nil or s < best) then best = s end
   end
   return best
 end
@@ -117,7 +118,9 @@ local function publish(wake, force, h)
   end
   local seq = 0
   if changed then
-    seq = redis.call('HINCRBY', meta, 'seq', '1')
+    -- The sequence orders hints on Cluster (see hint.lua); a single node applies the
+    -- hint here, in order, and needs none.
+    if G == '' then seq = redis.call('HINCRBY', meta, 'seq', '1') end
     redis.call('HSET', meta, 'next', ns)
   end
   return send_hint(seq, ns, wake, changed, qs)

@@ -6,7 +6,7 @@ for i = 6, #ARGV, 2 do
   local r = redis.call('HMGET', rk, 'status', 'lease_token', 'cancel_requested')
   if r[1] == 'running' and r[2] == token and r[3] ~= '1' then
     redis.call('HSET', rk, 'lease_expires_at', exp)
-    redis.call('ZADD', KLEASES, exp, id)
+    zadd_maint(KLEASES, exp, id)
   elseif r[1] == 'running' and r[2] == token then
     cancelling[#cancelling + 1] = id
   else
