@@ -26,7 +26,8 @@ use std::time::Duration;
 use queue::{npm_peer, peer_json, redis_api, redis_worker, until_idle_every, write_json};
 use tokio_util::sync::CancellationToken;
 use wasq_core::{
-    AttemptEnd, ClaimRequest, DEFAULT_TENANT, EnqueueRequest, Outcome, Queue, Record, SystemClock,
+    AttemptEnd, ClaimRequest, Claimed, DEFAULT_TENANT, EnqueueRequest, Outcome, Queue, Record,
+    SystemClock,
 };
 use wasq_store_redis::RedisStore;
 
@@ -220,23 +221,11 @@ async fn wasq(redis: &Counted, n: usize, guest: &str) -> (f64, f64, f64) {
 /// no-op runs, to claim them (50 at a time) and to end them (50 at a time, each with one
 /// step when `step`).
 async fn transitions(redis: &Counted, n: usize, step: bool) -> [f64; 3] {
-    let dir = tempfile::tempdir().unwrap();
-    let shutdown = CancellationToken::new();
-    let url = redis.url();
-    let (server, _api) = redis_api(dir.path().join("server"), &url, "echo", shutdown.clone()).await;
-    let store = RedisStore::connect(&url, Arc::new(SystemClock))
-        .await
-        .unwrap();
+    let api = StoreApi::start(redis).await;
+    let store = &api.store;
     redis.zero();
     for i in 0..n {
-        let req = EnqueueRequest {
-            tenant: DEFAULT_TENANT.into(),
-            function: "echo".into(),
-            input: format!(r#"{{"i":{i}}}"#).into_bytes(),
-            trigger: "bench".into(),
-            ..EnqueueRequest::default()
-        };
-        store.enqueue(req).await.unwrap();
+        store.enqueue(echo_run(i)).await.unwrap();
     }
     let enqueue = redis.read() as f64 / n as f64;
     // Rounds of one claim and its ends: the tenant's max_running (64 by default) holds
@@ -245,39 +234,14 @@ async fn transitions(redis: &Counted, n: usize, step: bool) -> [f64; 3] {
     let mut done = 0;
     while done < n {
         redis.zero();
-        let req = ClaimRequest {
-            worker: "bench".into(),
-            limit: CONCURRENCY,
-            lease_ms: 30_000,
-            queues: Vec::new(),
-        };
-        let claimed = store.claim(req).await.unwrap();
+        let claimed = store.claim(claim_request()).await.unwrap();
         claim += redis.read();
         assert!(
             !claimed.is_empty(),
             "nothing to claim after {done} of {n} runs"
         );
         done += claimed.len();
-        let ends = claimed
-            .iter()
-            .map(|c| AttemptEnd {
-                lease: c.lease.clone(),
-                records: if step {
-                    vec![Record::Step {
-                        name: "echo".into(),
-                        occurrence: 0,
-                        output: c.run.input.clone(),
-                        logs: vec![],
-                    }]
-                } else {
-                    vec![]
-                },
-                outcome: Outcome::Succeeded {
-                    output: c.run.input.clone(),
-                    fuel_used: Some(1),
-                },
-            })
-            .collect();
+        let ends = claimed.iter().map(|c| success(c, step)).collect();
         redis.zero();
         for r in store.end_attempts(ends).await {
             r.unwrap();
@@ -285,9 +249,73 @@ async fn transitions(redis: &Counted, n: usize, step: bool) -> [f64; 3] {
         end += redis.read();
     }
     let (claim, end) = (claim as f64 / n as f64, end as f64 / n as f64);
-    shutdown.cancel();
-    let _ = server.wait().await;
     [enqueue, claim, end]
+}
+
+/// A store client on the counted Redis, the `echo` function deployed through an API
+/// server that is stopped before anything is counted: nothing else (a scheduler's passes,
+/// the store guard's `INFO`) runs beside what is measured, whatever the time it takes.
+struct StoreApi {
+    store: RedisStore,
+}
+
+impl StoreApi {
+    async fn start(redis: &Counted) -> StoreApi {
+        let dir = tempfile::tempdir().unwrap();
+        let shutdown = CancellationToken::new();
+        let url = redis.url();
+        let (server, _api) =
+            redis_api(dir.path().join("server"), &url, "echo", shutdown.clone()).await;
+        shutdown.cancel();
+        let _ = server.wait().await;
+        let store = RedisStore::connect(&url, Arc::new(SystemClock))
+            .await
+            .unwrap();
+        StoreApi { store }
+    }
+}
+
+/// Run `i` of the `echo` function, as the bench enqueues it.
+fn echo_run(i: usize) -> EnqueueRequest {
+    EnqueueRequest {
+        tenant: DEFAULT_TENANT.into(),
+        function: "echo".into(),
+        input: format!(r#"{{"i":{i}}}"#).into_bytes(),
+        trigger: "bench".into(),
+        ..EnqueueRequest::default()
+    }
+}
+
+/// A claim of a worker with CONCURRENCY free slots.
+fn claim_request() -> ClaimRequest {
+    ClaimRequest {
+        worker: "bench".into(),
+        limit: CONCURRENCY,
+        lease_ms: 30_000,
+        queues: Vec::new(),
+    }
+}
+
+/// A successful end of `c`'s attempt (with one step when `step`).
+fn success(c: &Claimed, step: bool) -> AttemptEnd {
+    let records = if step {
+        vec![Record::Step {
+            name: "echo".into(),
+            occurrence: 0,
+            output: c.run.input.clone(),
+            logs: vec![],
+        }]
+    } else {
+        vec![]
+    };
+    AttemptEnd {
+        lease: c.lease.clone(),
+        records,
+        outcome: Outcome::Succeeded {
+            output: c.run.input.clone(),
+            fuel_used: Some(1),
+        },
+    }
 }
 
 /// One run at a time, the queue otherwise idle (most queues, most of the time): enqueue a
@@ -295,53 +323,18 @@ async fn transitions(redis: &Counted, n: usize, step: bool) -> [f64; 3] {
 /// each script call does besides its run (reaping, publishing the tenant's due time,
 /// wake-ups) is then paid by every run, where a backlog shares it among a batch.
 async fn serial(redis: &Counted, n: usize) -> f64 {
-    let dir = tempfile::tempdir().unwrap();
-    let shutdown = CancellationToken::new();
-    let url = redis.url();
-    let (server, _api) = redis_api(dir.path().join("server"), &url, "echo", shutdown.clone()).await;
-    let store = RedisStore::connect(&url, Arc::new(SystemClock))
-        .await
-        .unwrap();
+    let api = StoreApi::start(redis).await;
+    let store = &api.store;
     redis.zero();
     for i in 0..n {
-        let req = EnqueueRequest {
-            tenant: DEFAULT_TENANT.into(),
-            function: "echo".into(),
-            input: format!(r#"{{"i":{i}}}"#).into_bytes(),
-            trigger: "bench".into(),
-            ..EnqueueRequest::default()
-        };
-        store.enqueue(req).await.unwrap();
-        let req = ClaimRequest {
-            worker: "bench".into(),
-            limit: CONCURRENCY,
-            lease_ms: 30_000,
-            queues: Vec::new(),
-        };
-        let claimed = store.claim(req).await.unwrap();
+        store.enqueue(echo_run(i)).await.unwrap();
+        let claimed = store.claim(claim_request()).await.unwrap();
         assert_eq!(claimed.len(), 1, "run {i} is claimed");
-        let c = &claimed[0];
-        let end = AttemptEnd {
-            lease: c.lease.clone(),
-            records: vec![Record::Step {
-                name: "echo".into(),
-                occurrence: 0,
-                output: c.run.input.clone(),
-                logs: vec![],
-            }],
-            outcome: Outcome::Succeeded {
-                output: c.run.input.clone(),
-                fuel_used: Some(1),
-            },
-        };
-        for r in store.end_attempts(vec![end]).await {
+        for r in store.end_attempts(vec![success(&claimed[0], true)]).await {
             r.unwrap();
         }
     }
-    let per_run = redis.read() as f64 / n as f64;
-    shutdown.cancel();
-    let _ = server.wait().await;
-    per_run
+    redis.read() as f64 / n as f64
 }
 
 /// BullMQ one job at a time (`bench/bullmq/serial.mjs`): add, process, then the next.

@@ -388,8 +388,8 @@ pub(crate) static LIST: TenantScript = tenant_script!("list", reads);
 /// All functions of a tenant.
 pub(crate) static FUNCTIONS: TenantScript = tenant_script!("functions", reads);
 
-/// The tenant's scheduled functions and their schedules (`crons`), built once from its
-/// functions for a tenant deployed before `crons` existed.
+/// The tenant's scheduled functions (`crons`) and their schedules; `crons` is built once
+/// from its functions for a tenant deployed before it existed.
 pub(crate) static SCHEDULES: TenantScript = tenant_script!("schedules", writes);
 
 #[cfg(test)]

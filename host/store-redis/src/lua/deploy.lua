@@ -47,14 +47,14 @@ if queue and queue ~= 'default' then
 else
   redis.call('HDEL', fk, 'queue')
 end
--- The schedule is also kept in `crons`, which the cron scheduler reads every second
--- (schedules.lua): only the scheduled functions.
+-- `crons` names the scheduled functions, whose schedules the cron scheduler reads every
+-- second (schedules.lua).
 if ARGV[11] ~= '' then
   redis.call('HSET', fk, 'schedule', ARGV[11])
-  redis.call('HSET', P .. 'crons', name, ARGV[11])
+  redis.call('SADD', P .. 'crons', name)
 else
   redis.call('HDEL', fk, 'schedule')
-  redis.call('HDEL', P .. 'crons', name)
+  redis.call('SREM', P .. 'crons', name)
 end
 redis.call('SADD', P .. 'fns', name)
 for i = 12, #ARGV do redis.call('SADD', P .. 'sub:' .. ARGV[i], name) end

@@ -1,11 +1,20 @@
--- The tenant's scheduled functions: `crons` (name → schedule JSON), which deploys keep.
--- A tenant deployed before `crons` existed has it built once, from every function
--- (`meta.crons` marks it complete); deploys since then kept it, so the two agree.
+-- The tenant's scheduled functions (`crons`, which deploys keep) and their schedules, as
+-- a flat name/schedule list. A tenant deployed before `crons` existed has it built once,
+-- from every function (`meta.crons` marks it complete); deploys since kept it.
 if redis.call('HEXISTS', KMETA, 'crons') == 0 then
   for _, name in ipairs(redis.call('SMEMBERS', P .. 'fns')) do
-    local s = redis.call('HGET', P .. 'fn:' .. name, 'schedule')
-    if s then redis.call('HSET', P .. 'crons', name, s) end
+    if redis.call('HEXISTS', P .. 'fn:' .. name, 'schedule') == 1 then
+      redis.call('SADD', P .. 'crons', name)
+    end
   end
   redis.call('HSET', KMETA, 'crons', '1')
 end
-return { 'ok', redis.call('HGETALL', P .. 'crons') }
+local out = {}
+for _, name in ipairs(redis.call('SMEMBERS', P .. 'crons')) do
+  local s = redis.call('HGET', P .. 'fn:' .. name, 'schedule')
+  if s then
+    out[#out + 1] = name
+    out[#out + 1] = s
+  end
+end
+return { 'ok', out }
