@@ -337,36 +337,18 @@ async fn serial(redis: &Counted, n: usize) -> f64 {
     redis.read() as f64 / n as f64
 }
 
-/// BullMQ one job at a time (`bench/bullmq/serial.mjs`): add, process, then the next.
-fn bullmq_serial(redis: &Counted, n: usize) -> f64 {
+/// BullMQ's instructions per job: `drain.mjs` (N jobs added, then drained) or `serial.mjs`
+/// (one job at a time: add, process, then the next), in `bench/bullmq`.
+fn bullmq(redis: &Counted, n: usize, script: &str) -> f64 {
     let dir = npm_peer("bullmq");
     redis.zero();
     let args = [
-        "serial.mjs".to_owned(),
+        script.to_owned(),
         redis.port.to_string(),
         n.to_string(),
+        CONCURRENCY.to_string(),
     ];
-    peer_json(
-        &dir,
-        "node",
-        &[&args[..], &[CONCURRENCY.to_string()]].concat(),
-    );
-    redis.read() as f64 / n as f64
-}
-
-fn bullmq(redis: &Counted, n: usize) -> f64 {
-    let dir = npm_peer("bullmq");
-    redis.zero();
-    let args = [
-        "drain.mjs".to_owned(),
-        redis.port.to_string(),
-        n.to_string(),
-    ];
-    peer_json(
-        &dir,
-        "node",
-        &[&args[..], &[CONCURRENCY.to_string()]].concat(),
-    );
+    peer_json(&dir, "node", &args);
     redis.read() as f64 / n as f64
 }
 
@@ -381,7 +363,7 @@ fn main() {
         let wasq = rt.block_on(serial(&redis, n));
         redis.cli(&["FLUSHALL"]);
         redis.cli(&["FUNCTION", "FLUSH"]);
-        let bull = bullmq_serial(&redis, n);
+        let bull = bullmq(&redis, n, "serial.mjs");
         println!(
             "one run at a time, {n} runs: wasq {:.1}k, BullMQ {:.1}k Redis instructions per run, ratio {:.2}",
             wasq / 1000.0,
@@ -398,9 +380,9 @@ fn main() {
     let one_at_a_time = rt.block_on(serial(&redis, n));
     redis.cli(&["FLUSHALL"]);
     redis.cli(&["FUNCTION", "FLUSH"]);
-    let bull = bullmq(&redis, n);
+    let bull = bullmq(&redis, n, "drain.mjs");
     redis.cli(&["FLUSHALL"]);
-    let bull_one_at_a_time = bullmq_serial(&redis, n);
+    let bull_one_at_a_time = bullmq(&redis, n, "serial.mjs");
     let k = |v: f64| v / 1000.0;
     println!("Redis instructions per run (thousands), {n} runs, counted by callgrind:");
     println!(
