@@ -24,6 +24,14 @@ pub fn now_ms() -> i64 {
         .as_millis() as i64
 }
 
+/// The tick (Unix ms) a run's trigger names, `cron:EXPR@TIME`; `None` for a run started
+/// otherwise.
+pub fn cron_tick(trigger: &str) -> Option<i64> {
+    let at = trigger.strip_prefix("cron:")?.rsplit_once('@')?.1;
+    let t = humantime::parse_rfc3339(at).unwrap_or_else(|e| panic!("{trigger}: {e}"));
+    Some(t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64)
+}
+
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -328,12 +336,7 @@ impl Api {
             .as_array()
             .unwrap()
             .iter()
-            .filter_map(|r| {
-                let trigger = r["trigger"].as_str().unwrap();
-                let at = trigger.strip_prefix("cron:")?.rsplit_once('@')?.1;
-                let t = humantime::parse_rfc3339(at).unwrap_or_else(|e| panic!("{trigger}: {e}"));
-                Some(t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64)
-            })
+            .filter_map(|r| cron_tick(r["trigger"].as_str().unwrap()))
             .collect();
         ticks.sort();
         Ok(ticks)

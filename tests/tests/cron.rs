@@ -16,7 +16,7 @@ use serde_json::Value;
 use wasq_core::{Clock, ManualClock};
 use wasq_server::StoreBackend;
 use wasq_store_redis::testing::{RedisOptions, RedisServer};
-use wasq_tests::{Api, Daemon, guest, now_ms, run_cli};
+use wasq_tests::{Api, Daemon, cron_tick, guest, now_ms, run_cli};
 
 /// 2026-01-01T00:00:30.500Z: where the daemons on a manual clock start, half a second
 /// into a second and half a minute clear of a minute's turn.
@@ -231,7 +231,8 @@ async fn a_ticks_run_is_enqueued_ahead_and_starts_at_its_tick_not_before() {
             }
             let run = d.api.wait_run(id, Duration::from_secs(30)).await;
             assert_eq!(run["status"], "succeeded", "{run:#}");
-            let tick = tick_of(run["trigger"].as_str().unwrap());
+            let trigger = run["trigger"].as_str().unwrap();
+            let tick = cron_tick(trigger).unwrap_or_else(|| panic!("a cron run: {trigger}"));
             let due = run["due_at"].as_i64().unwrap();
             let started = run["attempts"][0]["started_at"].as_i64().unwrap();
             assert!(started >= tick, "started {started} before its tick {tick}");
@@ -244,13 +245,6 @@ async fn a_ticks_run_is_enqueued_ahead_and_starts_at_its_tick_not_before() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     d.stop().await;
-}
-
-/// The tick (Unix ms) of a cron run's trigger, `cron:EXPR@TIME`.
-fn tick_of(trigger: &str) -> i64 {
-    let at = trigger.rsplit_once('@').expect("cron:EXPR@TIME").1;
-    let t = humantime::parse_rfc3339(at).unwrap_or_else(|e| panic!("{trigger}: {e}"));
-    t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

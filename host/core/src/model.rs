@@ -225,6 +225,16 @@ pub struct Scheduled {
     pub schedule: Schedule,
 }
 
+impl Function {
+    /// Its entry in [`crate::Registry::schedules`], when it has a schedule.
+    pub fn scheduled(&self) -> Option<Scheduled> {
+        Some(Scheduled {
+            function: self.name.clone(),
+            schedule: self.schedule.clone()?,
+        })
+    }
+}
+
 /// What happens to ticks that passed while no server was running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

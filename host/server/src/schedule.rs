@@ -137,7 +137,7 @@ struct Window {
 async fn pass(app: &App, tenant: &str, state: TenantState, at: Window) -> TenantState {
     // Only the scheduled functions: a tenant's other functions, however many, cost the
     // pass nothing (`Registry::schedules` reads an index of them).
-    let functions = match app.store.schedules(tenant).await {
+    let scheduled = match app.store.schedules(tenant).await {
         Ok(f) => f,
         Err(e) => {
             tracing::warn!(tenant, error = %e, "cron: cannot list the tenant's schedules; retrying");
@@ -147,7 +147,7 @@ async fn pass(app: &App, tenant: &str, state: TenantState, at: Window) -> Tenant
     let name = tenant.to_owned();
     let planned = tokio::task::spawn_blocking(move || {
         let mut state = state;
-        state.plan(&name, functions, at, Instant::now() + SEARCH_BUDGET);
+        state.plan(&name, scheduled, at, Instant::now() + SEARCH_BUDGET);
         state
     })
     .await;
@@ -278,10 +278,10 @@ impl Default for TenantState {
 impl TenantState {
     /// Follows the tenant's schedules as listed at `at.now` and finds their ticks up to
     /// `at.horizon` (and the next one), until `deadline`. Runs on a blocking thread.
-    fn plan(&mut self, tenant: &str, functions: Vec<Scheduled>, at: Window, deadline: Instant) {
+    fn plan(&mut self, tenant: &str, scheduled: Vec<Scheduled>, at: Window, deadline: Instant) {
         let Window { now, horizon } = at;
         let mut seen = HashSet::new();
-        for Scheduled { function, schedule } in functions {
+        for Scheduled { function, schedule } in scheduled {
             seen.insert(function.clone());
             let tracked = self.functions.get_mut(&function);
             if let Some(t) = tracked

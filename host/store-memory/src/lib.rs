@@ -135,15 +135,8 @@ impl Registry for MemoryStore {
     async fn schedules(&self, tenant: &str) -> Result<Vec<Scheduled>, StoreError> {
         self.with(|st, _| {
             let space = st.spaces.get(tenant);
-            let scheduled = space.into_iter().flat_map(|s| s.functions.values());
-            Ok(scheduled
-                .filter_map(|f| {
-                    Some(Scheduled {
-                        function: f.name.clone(),
-                        schedule: f.schedule.clone()?,
-                    })
-                })
-                .collect())
+            let functions = space.into_iter().flat_map(|s| s.functions.values());
+            Ok(functions.filter_map(Function::scheduled).collect())
         })
     }
 

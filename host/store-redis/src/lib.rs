@@ -89,7 +89,7 @@
 //! | `G seq` | hash | tenant → sequence number of the last applied `due` update (Cluster) |
 //! | `G wake` | list | wake-up tokens for `wait_for_work` (BLPOP), at most 64 |
 //! | `G wake:<queue>` | list | the same for workers naming the queue (tenants with named queues): one per run that entered its lane, one when its due time came earlier |
-//! | `P meta` | hash | `next` (last published due time), `seq` (its sequence number); with named queues `mq` = 1 and `next:<queue>` (each queue's); `feed`: the tenant feed is recorded until then; `crons` = 1 once `crons` is complete |
+//! | `P meta` | hash | `next` (last published due time), `seq` (its sequence number, on Cluster); with named queues `mq` = 1 and `next:<queue>` (each queue's); `feed`: the tenant feed is recorded until then; `crons` = 1 once `crons` is complete |
 //! | `P fn:<name>` | hash | name, digest, size_bytes, settings JSON, sv (its version: 16 hex of its SHA-1), max_attempts, queue (absent: `default`), events JSON, schedule JSON, created_at, updated_at |
 //! | `P queues` | set | the tenant's queues besides `default` (named by deploys; it only grows) |
 //! | `P qload` | hash | `<queue>\|queued`, `<queue>\|running` → runs of a named queue (the default queue's are the rest of `st:queued`, `st:running`) |

@@ -40,14 +40,7 @@ fn function(crons: &[&str], tz: &str, missed: Missed) -> Function {
 
 /// What the store lists of `f` (`Registry::schedules`): it, while it has a schedule.
 fn listed(f: &Function) -> Vec<Scheduled> {
-    let schedule = f.schedule.clone();
-    schedule
-        .map(|schedule| Scheduled {
-            function: f.name.clone(),
-            schedule,
-        })
-        .into_iter()
-        .collect()
+    f.scheduled().into_iter().collect()
 }
 
 /// A pass at `now` that enqueues nothing ahead.
