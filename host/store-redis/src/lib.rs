@@ -17,7 +17,10 @@
 //! Things that need more than one tenant go through a small global schedule: every tenant
 //! script computes the tenant's *next due time* (earliest of its ready runs, lease expiries
 //! and wait timeouts) and publishes it into the `due` zset, and pushes wake-up tokens when
-//! it made runs claimable (or its due time earlier). On a Cluster the global keys live in
+//! it made runs claimable (or its due time earlier). The published time is never later
+//! than the truth, but may be earlier: a call that can only have moved a future due time
+//! later (an end or a renewal of the run whose lease set it) leaves it, and the visit it
+//! causes finds nothing and publishes the truth (`publish.lua`). On a Cluster the global keys live in
 //! another slot, so the tenant script only returns these values and the store applies
 //! them with a second script that keeps the newest update per tenant (a per-tenant
 //! sequence number); a claim every minute republishes every tenant, repairing updates

@@ -1,6 +1,6 @@
 //! Failure and wake-up behaviour against real redis-server processes: a dead or frozen
 //! Redis gives `Unavailable` quickly and the same store recovers; idle workers wake on new
-//! work and at due times; each transition publishes the tenant's next due time; a big
+//! work and at due times; the tenant's due time is published, never later than the truth; a big
 //! tenant does not starve a small one; startup warnings; a Redis that lost the scripts'
 //! function library gets it back from the store.
 
@@ -429,8 +429,8 @@ async fn the_wake_list_stays_bounded_while_nobody_waits() {
 /// delayed run's time once it ended. A claim reads the heads of the tenant's timers once
 /// and publishes from what it read and wrote; none of it may come out later than the
 /// truth.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_transition_publishes_the_tenants_next_due_time() {
+#[tokio::test]
+async fn the_published_due_time_is_never_later_than_the_tenants_next() {
     let server = RedisServer::start(RedisOptions::default());
     let clock = ManualClock::new(1_000_000);
     let store = RedisStore::connect_with(
@@ -453,14 +453,23 @@ async fn each_transition_publishes_the_tenants_next_due_time() {
     let claimed = store.claim(claim_req(10)).await.unwrap();
     assert_eq!(claimed.len(), 1);
     assert_eq!(published(), Some(1_000_010 + 30_000), "its lease's expiry");
-    // Renewed: the lease expires later, the due time follows.
+    // Renewed: the lease expires later, and the due time published stays as it was:
+    // early, which costs a visit, never a run left waiting.
     clock.advance(10);
     let renewal = store
         .renew(&[claimed[0].lease.clone()], 30_000)
         .await
         .unwrap();
     assert!(renewal.lost.is_empty());
-    assert_eq!(published(), Some(1_000_020 + 30_000));
+    assert_eq!(
+        published(),
+        Some(1_000_010 + 30_000),
+        "not republished later"
+    );
+    // The visit at that time finds nothing to do and publishes the renewed expiry.
+    clock.set(1_000_010 + 30_000);
+    assert!(store.claim(claim_req(10)).await.unwrap().is_empty());
+    assert_eq!(published(), Some(1_000_020 + 30_000), "the renewed expiry");
     // Its worker died: past its lease, a claim takes the run back and leases it again.
     clock.set(1_000_020 + 30_000);
     let again = store.claim(claim_req(10)).await.unwrap();
@@ -477,5 +486,88 @@ async fn each_transition_publishes_the_tenants_next_due_time() {
         }])
         .await;
     assert!(ends[0].is_ok(), "{ends:?}");
+    assert_eq!(
+        published(),
+        Some(1_030_020 + 30_000),
+        "an end makes the due time later: it stays"
+    );
+    clock.set(1_030_020 + 30_000);
+    assert!(store.claim(claim_req(10)).await.unwrap().is_empty());
     assert_eq!(published(), Some(1_100_000), "the delayed run again");
+    // A run ending with a retry due before the published time is published at once.
+    clock.set(1_100_000);
+    let delayed = store.claim(claim_req(10)).await.unwrap();
+    assert_eq!(delayed.len(), 1);
+    assert_eq!(published(), Some(1_100_000 + 30_000));
+    let retry = store
+        .end_attempts(vec![AttemptEnd {
+            lease: delayed[0].lease.clone(),
+            records: vec![],
+            outcome: Outcome::Failed {
+                error: RunError::new(ErrorReason::Retryable, "boom"),
+                retry_in_ms: Some(500),
+                fuel_used: None,
+            },
+        }])
+        .await;
+    assert_eq!(
+        retry[0].as_ref().ok(),
+        Some(&RunStatus::Queued),
+        "{retry:?}"
+    );
+    assert_eq!(published(), Some(1_100_500), "the retry's due time");
+}
+
+/// A run waiting for a free slot (the tenant's max_running) becomes claimable when a run
+/// ends, which adds nothing to any schedule: the end must publish the tenant due now.
+#[tokio::test]
+async fn an_end_that_frees_a_slot_publishes_the_waiting_run_due_now() {
+    let server = RedisServer::start(RedisOptions::default());
+    let clock = ManualClock::new(1_000_000);
+    let store = RedisStore::connect_with(
+        &server.url(),
+        Arc::new(clock.clone()),
+        StoreOptions::default().with_namespace("slot"),
+    )
+    .await
+    .unwrap();
+    store
+        .create_tenant(Tenant {
+            name: "t".into(),
+            created_at: 1_000_000,
+            quotas: Quotas {
+                max_running: 1,
+                ..Quotas::default()
+            },
+        })
+        .await
+        .unwrap();
+    deploy(&store, "t").await;
+    let published = || -> Option<i64> {
+        let v = server.cli(&["ZSCORE", "slot:g:{slot}:due", "t"]);
+        v.trim().parse().ok()
+    };
+    store.enqueue(request("t", None)).await.unwrap();
+    store.enqueue(request("t", None)).await.unwrap();
+    let first = store.claim(claim_req(10)).await.unwrap();
+    assert_eq!(first.len(), 1, "max_running 1");
+    assert_eq!(
+        published(),
+        Some(1_000_000 + 30_000),
+        "no room until the lease ends"
+    );
+    clock.advance(5);
+    let ends = store
+        .end_attempts(vec![AttemptEnd {
+            lease: first[0].lease.clone(),
+            records: vec![],
+            outcome: Outcome::Succeeded {
+                output: b"{}".to_vec(),
+                fuel_used: None,
+            },
+        }])
+        .await;
+    assert!(ends[0].is_ok(), "{ends:?}");
+    assert_eq!(published(), Some(0), "the waiting run is due now");
+    assert_eq!(store.claim(claim_req(10)).await.unwrap().len(), 1);
 }

@@ -115,9 +115,9 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
   -- resumed and cancel_requested '0', rank_offset and priority '0'; so are the id and the
   -- tenant, which the key names. Each field costs every command that reads or writes the
   -- hash.
-  local now = NOWS
+  local now, costs = NOWS, I(cost)
   local fields = {
-    'status', status, 'updated_at', now, 'sbytes', I(cost), 'created_at', now,
+    'status', status, 'updated_at', now, 'sbytes', costs, 'created_at', now,
     'nosteps', '1', 'due_at', due, 'function', fname, 'digest', f[1], 'sv', sv,
     'max_attempts', max, 'trigger', trigger,
   }
@@ -165,11 +165,13 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
     redis.call('ZADD', KENDOK, NOWS, id)
   else
     if tonumber(due) <= NOW then
-      lane_add(queue, I(tonumber(due) + tonumber(fl.offset)), id)
+      local rank = due
+      if fl.offset ~= '0' then rank = I(tonumber(due) + tonumber(fl.offset)) end
+      lane_add(queue, rank, id)
     else
       zadd_maint(KREADY, due, id)
     end
     if fl.rgate ~= '' then window_log(fl.rgate, tonumber(fl.rlimit)) end
   end
-  return id, true, nil, woke, { status, due, f[1], max, I(cost) }
+  return id, true, nil, woke, { status, due, f[1], max, costs }
 end

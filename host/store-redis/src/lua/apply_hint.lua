@@ -16,10 +16,10 @@ local function push_tokens(key, n)
 end
 
 local function set_due(key, tenant, ns, wake)
-  local old = redis.call('ZSCORE', key, tenant)
   if ns == '' then
     redis.call('ZREM', key, tenant)
   else
+    local old = redis.call('ZSCORE', key, tenant)
     redis.call('ZADD', key, ns, tenant)
     -- An earlier due time: waiters must recompute how long they sleep.
     if (not old or tonumber(ns) < tonumber(old)) and wake < 1 then wake = 1 end

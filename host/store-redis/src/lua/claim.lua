@@ -6,6 +6,11 @@ local CLAIM_STEP = { queued = { @CLAIM_QUEUED@ }, sleeping = { @CLAIM_SLEEPING@ 
 local THROTTLES = { queued = { @THROTTLES_QUEUED@ }, sleeping = { @THROTTLES_SLEEPING@ } }
 local LIMIT, LEASE, WORKER, WORKER_JSON = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], ARGV[8]
 local wake = 0
+TAKES = true
+-- The meta fields `publish` reads, read first: a tenant without `mq` has no named queues,
+-- and the claim need not list them.
+local META = redis.call('HMGET', KMETA, 'next', 'mq', 'feed')
+if not META[2] then QLIST = {} end
 -- Runs whose worker stopped renewing. What becomes of each (queued again, failed for
 -- good, cancelled) is wasq_core::lifecycle::lease_expired's to say: without transitions
 -- (ARGV[10] = '') the script only answers which runs need one; with them (ARGV[10] = n,
@@ -92,6 +97,8 @@ if maxr then room = math.min(room, maxr - redis.call('ZCARD', KLEASES)) end
 local out = {}
 local parks = @PARK_BUDGET@
 local ATT_COST, claimed_bytes = C_ATT + #WORKER_JSON, 0
+-- Every lease of this claim expires at the same time.
+local EXPIRES = I(NOW + LEASE)
 -- The lanes to take from, in order: the queues named (the default one's is `q`), or
 -- every lane as one (`merged`): then each run is the best head among them.
 local lanes, merged = {}, false
@@ -105,9 +112,10 @@ else
   end
 end
 -- A lane's best runs, fetched a batch at a time: the loop only takes runs out of the
--- lane (leased, parked or stale), so the next batch starts at the lane's head again.
--- Merged lanes are read one head each per run.
-local head, hi, li = {}, 1, 1
+-- lane (leased, parked or stale), so the next batch starts at the lane's head again, and
+-- a batch shorter than asked for was the whole lane (`last`). Merged lanes are read one
+-- head each per run.
+local head, hi, li, last = {}, 1, 1, false
 local function next_head()
   if merged then
     local best, bscore, bkey = nil, nil, nil
@@ -124,15 +132,17 @@ local function next_head()
     return nil
   end
   while li <= #lanes do
-    if hi > #head then
-      head, hi = redis.call('ZRANGE', lanes[li], 0, math.min(room - #out, 100) - 1, 'WITHSCORES'), 1
+    if hi > #head and not last then
+      local want = math.min(room - #out, 100)
+      head, hi = redis.call('ZRANGE', lanes[li], 0, want - 1, 'WITHSCORES'), 1
+      last = #head < 2 * want
     end
     if head[hi] then
       local id, score = head[hi], head[hi + 1]
       hi = hi + 2
       return id, score, lanes[li]
     end
-    li, head, hi = li + 1, {}, 1
+    li, head, hi, last = li + 1, {}, 1, false
   end
   return nil
 end
@@ -165,17 +175,19 @@ while #out < room and parks > 0 do
     -- The new execution's record is charged to the run within the move (its fields hold
     -- no blob, so the move charges nothing itself) and to the tenant once per claim.
     local lease = { status = 'running', updated_at = NOWS, attempt = I(n),
-      lease_expires_at = I(NOW + LEASE), lease_token = I(tonumber(r.lease_token or '0') + 1),
+      lease_expires_at = EXPIRES, lease_token = I(tonumber(r.lease_token or '0') + 1),
       sbytes = I(tonumber(r.sbytes or '0') + ATT_COST) }
     move(id, 'running', { 'attempt', lease.attempt, 'resumed', resumed,
       'lease_expires_at', lease.lease_expires_at, 'worker', WORKER,
       'lease_token', lease.lease_token, 'sbytes', lease.sbytes },
       { status, r.created_at, r.wait_event, r.wait_run, cgate, r.parked, r.qu }, nil, from)
-    redis.call('RPUSH', P .. 'att:' .. id, I(n) .. '|' .. NOWS .. '|' .. WORKER_JSON)
+    redis.call('RPUSH', P .. 'att:' .. id, lease.attempt .. '|' .. NOWS .. '|' .. WORKER_JSON)
     claimed_bytes = claimed_bytes + ATT_COST
     -- The run as the move left it: what it read, with what the move wrote (`move` sets
     -- status, updated_at and these fields, and drops `parked`, which replies leave out).
-    local fields = {}
+    -- (Made at its full size at once: a table grown one element at a time is rehashed
+    -- at every power of two.)
+    local fields = { unpack(RUN_FIELDS) }
     for i, f in ipairs(RUN_FIELDS) do fields[i] = r[f] or false end
     fields = with_input(id, fields)
     for f, v in pairs(lease) do fields[RUN_AT[f]] = v end
@@ -190,5 +202,5 @@ if wake > 0 then
   wake = math.min(wake, left)
 end
 -- A visit that found nothing republishes anyway, repairing a stale global hint.
-local pub = publish(wake, ARGV[9] == '1' or #out == 0)
+local pub = publish(wake, ARGV[9] == '1' or #out == 0, META)
 return { 'ok', pub or false, out }

@@ -67,11 +67,10 @@ local QUOTA_NAMES = { 'max_running', 'max_queued', 'max_stored_bytes', 'max_run_
 local QUOTAS = nil
 local function quota(name)
   if not QUOTAS then
-    QUOTAS = {}
     local v = redis.call('HMGET', KQUOTAS, unpack(QUOTA_NAMES))
-    for i, n in ipairs(QUOTA_NAMES) do
-      if v[i] then QUOTAS[n] = tonumber(v[i]) end
-    end
+    QUOTAS = { max_running = tonumber(v[1]), max_queued = tonumber(v[2]),
+      max_stored_bytes = tonumber(v[3]), max_run_bytes = tonumber(v[4]),
+      max_run_log_bytes = tonumber(v[5]) }
   end
   return QUOTAS[name]
 end
@@ -288,8 +287,9 @@ local function other_queues()
 end
 
 -- Runs that entered a lane due now in this call, by queue ('' = default): the wake-ups
--- `publish` sends to the workers of that queue.
-local LANEADD
+-- `publish` sends to the workers of that queue. `TAKES`: this call takes runs out of the
+-- lanes too (a claim), so a run it added may be gone again.
+local LANEADD, TAKES
 
 -- The earliest score of each maintenance zset (`ready`, `leases`, `timeouts`, `gtimer`) as
 -- this call read it (false: empty; absent: not read), so that `publish` need not read it
@@ -297,6 +297,10 @@ local LANEADD
 -- a ZADD (zadd_maint) lowers it, a ZREM leaves it. A due time published too early costs a
 -- visit that finds nothing; one too late would leave runs waiting.
 local HEADS
+-- The earliest score this call added to any of those zsets (nil: none): `publish` knows
+-- the tenant's due time cannot have come earlier than one it published when none is
+-- earlier than it.
+local MINADD
 
 -- The last score zadd_maint converted, and its number: a claim's leases share one
 -- expiry, and `tonumber` costs a strtod.
@@ -305,11 +309,10 @@ local LASTS, LASTN
 -- ZADD key [opt] score id (`score` a string, as Redis takes it).
 local function zadd_maint(key, score, id, opt)
   if opt then redis.call('ZADD', key, opt, score, id) else redis.call('ZADD', key, score, id) end
+  if score ~= LASTS then LASTS, LASTN = score, tonumber(score) end
+  if not MINADD or LASTN < MINADD then MINADD = LASTN end
   local h = HEADS[key]
-  if h ~= nil then
-    if score ~= LASTS then LASTS, LASTN = score, tonumber(score) end
-    if h == false or LASTN < h then HEADS[key] = LASTN end
-  end
+  if h ~= nil and (h == false or LASTN < h) then HEADS[key] = LASTN end
 end
 
 -- The members of maintenance zset `key` due now, at most `limit`; notes its head.
@@ -572,11 +575,12 @@ end
 -- transition.rs); nil when ARGV[i] is '' (none sent).
 local function read_transition(i)
   if ARGV[i] == '' then return nil end
-  local a = function(k) return ARGV[i + k] end
   return {
-    status = a(0), errmode = a(1), err = a(2), hasout = a(3), out = a(4), due = a(5),
-    fin = a(6), giveback = a(7), exec = a(8), eerr = a(9), efuel = a(10), esusp = a(11),
-    res = a(12), uexec = a(13), ufuel = a(14), clearcancel = a(15),
+    status = ARGV[i], errmode = ARGV[i + 1], err = ARGV[i + 2], hasout = ARGV[i + 3],
+    out = ARGV[i + 4], due = ARGV[i + 5], fin = ARGV[i + 6], giveback = ARGV[i + 7],
+    exec = ARGV[i + 8], eerr = ARGV[i + 9], efuel = ARGV[i + 10], esusp = ARGV[i + 11],
+    res = ARGV[i + 12], uexec = ARGV[i + 13], ufuel = ARGV[i + 14],
+    clearcancel = ARGV[i + 15],
   }
 end
 
@@ -648,7 +652,7 @@ local function enter(args)
   KEY = @KEY_COST@ + #P
   QUOTAS = nil
   TDELTA, RDELTA, UEXEC, UFUEL = 0, {}, 0, 0
-  QLIST, LANEADD, HEADS = nil, {}, {}
+  QLIST, LANEADD, TAKES, HEADS, MINADD = nil, {}, false, {}, nil
   FEEDQ, FEEDUNTIL = {}, nil
   if P ~= KP then
     KP = P

@@ -33,7 +33,11 @@ local function next_due(multi)
   local per, n = {}, nil
   local function queue_due(name, k)
     local v
-    if redis.call('ZCARD', k) > 0 then
+    -- Runs this call put in the lane (and, not being a claim, left there) make it due
+    -- now without counting the lane.
+    local added = not TAKES and LANEADD[name]
+    if name == 'default' and not TAKES then added = LANEADD[''] end
+    if (added and added > 0) or redis.call('ZCARD', k) > 0 then
       if room == nil then room = has_room() end
       if room then v = 0 end
     end
@@ -76,12 +80,31 @@ local function send_hint(seq, ns, wake, update, qs)
   return out
 end
 
+-- Whether this call can only have moved the tenant's due time later than `published`
+-- (the `next` it published last), a time still to come: nothing it added to a
+-- maintenance zset comes before it, and the lane is empty (runs in it make the tenant
+-- due now, or as soon as a slot frees, which no ZADD shows). An end or a renewal of the
+-- run that set the due time (its lease's expiry) is such a call.
+local function only_later(published)
+  local p = published and tonumber(published)
+  if not p or p <= NOW or (MINADD and MINADD < p) then return false end
+  return redis.call('ZCARD', KQ) == 0
+end
+
 -- `h`: the meta fields next, mq and feed when the caller read them already.
+-- A due time that can only have moved later stays published as it was: published early,
+-- it costs one visit that finds nothing, and a claim that takes nothing publishes the
+-- truth (`force`). Publishing it at once cost a run that ends on an idle queue seven
+-- commands (the heads of four zsets, the meta, the global schedule), and a renewal as
+-- many. Tenants with named queues publish every change.
 local function publish(wake, force, h)
   local meta = KMETA
   h = h or redis.call('HMGET', meta, 'next', 'mq', 'feed')
   local multi = h[2] ~= false
   FEEDUNTIL = h[3]
+  if not force and not multi and wake == 0 and next(LANEADD) == nil and only_later(h[1]) then
+    return false
+  end
   local n, per = next_due(multi)
   local ns = ''
   if n then ns = I(n) end
