@@ -100,8 +100,8 @@
 //! | `P crons` | set | the functions with a schedule (kept by deploys: the cron scheduler reads their schedules each second, and no other function); `meta.crons` marks it complete (built once from `fns` for a tenant deployed before it) |
 //! | `P sub:<event>` | set | functions started by the event |
 //! | `P sets` | hash | settings version → settings JSON: a run pins its function's settings by version, so each version is stored once (deleted by `collect_components` once no run or function has it) |
-//! | `P run:<id>` | hash | function, digest, sv (the settings version it pins; runs from before versions hold `settings` JSON instead), retry (override JSON), max_attempts (with manual-retry grants), status, input, output, error JSON, attempt, trigger, progress JSON, created_at, updated_at, due_at, finished_at, idempotency_key, parent, trace (the W3C traceparent of what created it), wait JSON, priority, keys JSON; bookkeeping: lease_token, lease_expires_at, worker, cancel_requested, resumed, nosteps (set at creation, cleared by the first step: a claim skips the step keys), wait_step, wait_event, wait_ver, wait_run, resolution (what waiters on it receive once it ended); flow: rank_offset, cgate + climit, tgate + tlimit + tperiod, dgate, parked (the gate it waits on); qu (its queue, absent for `default`); up (the hash is no longer packed: see `UNPACK_COST`). The id and tenant are the key's (runs written before also kept them here); attempt, lease_token, resumed, cancel_requested, rank_offset and priority are absent while `0` |
-//! | `P in:<id>` | string | the run's input when it is over 64 bytes (then the hash has none: it stays packed) |
+//! | `P run:<id>` | hash | function, digest, sv (the settings version it pins; runs from before versions hold `settings` JSON instead), retry (override JSON), max_attempts (with manual-retry grants), status, input (when at most 64 bytes; up to 8 × 64 bytes in pieces `in1`..`in8`, last), output, error JSON, attempt, trigger, progress JSON, created_at, updated_at, due_at, finished_at, idempotency_key, parent, trace (the W3C traceparent of what created it), wait JSON, priority, keys JSON; bookkeeping: lease_token, lease_expires_at, worker, cancel_requested, resumed, nosteps (set at creation, cleared by the first step: a claim skips the step keys), wait_step, wait_event, wait_ver, wait_run, resolution (what waiters on it receive once it ended); flow: rank_offset, cgate + climit, tgate + tlimit + tperiod, dgate, parked (the gate it waits on); qu (its queue, absent for `default`); up (the hash is no longer packed: see `UNPACK_COST`). The id and tenant are the key's (runs written before also kept them here); attempt, lease_token, resumed, cancel_requested, rank_offset and priority are absent while `0` |
+//! | `P in:<id>` | string | the run's input when it is over 8 × 64 bytes (runs written before the pieces: over 64), so that the hash stays packed |
 //! | `P att:<id>` | list | executions: `number\|started_at\|worker JSON`, then `\n finished_at\|fuel\|suspended_until\|error JSON` once ended |
 //! | `P steps:<id>` | hash | `occurrence:name` → step output (first write wins) |
 //! | `P stepseq:<id>` | list | `attempt\|completed_at\|occurrence:name`, in completion order |
@@ -284,9 +284,10 @@ pub(crate) const KEY_COST: u64 = 135;
 /// bytes). Measured with the storage_cost bench (tiny runs against runs with 1, 10 and
 /// 100 KB inputs and outputs).
 pub(crate) const UNPACK_COST: u64 = 820;
-/// An input over 64 bytes kept in its own key, `in:<id>` (so the run's hash stays
+/// An input over 8 × 64 bytes kept in its own key, `in:<id>` (so the run's hash stays
 /// packed): the key's entry, its name besides the tenant's prefix, and the string's
-/// headers.
+/// headers. (Up to that, it is kept in the hash in pieces of 64 bytes, `in1`..`in8`,
+/// about 8 bytes each beyond the input.)
 pub(crate) const INPUT_KEY_COST: u64 = 90;
 /// A settings version's entry in `sets` besides its blob (a hash-table entry: the field,
 /// its 16-byte name, the value's header).

@@ -120,11 +120,14 @@ async fn a_run_pins_its_settings_by_version_and_its_hash_stays_packed() {
     let short = enqueue(&store, br#"{"i":1}"#).await;
     let long_input = format!(r#"{{"blob":"{}"}}"#, "x".repeat(1_000)).into_bytes();
     let long = enqueue(&store, &long_input).await;
+    // 5 pieces of at most 64 bytes, each byte different from its neighbours' place.
+    let medium_input: Vec<u8> = (0..300u32).map(|i| b'a' + (i % 26) as u8).collect();
+    let medium = enqueue(&store, &medium_input).await;
 
     let sv = server.cli(&["HGET", &format!("{p}fn:f"), "sv"]);
     let sv = sv.trim();
     assert_eq!(sv.len(), 16, "a settings version: {sv:?}");
-    for run in [&short, &long] {
+    for run in [&short, &long, &medium] {
         let key = format!("{p}run:{}", run.id);
         assert_eq!(server.cli(&["HGET", &key, "sv"]).trim(), sv);
         assert_eq!(server.cli(&["HEXISTS", &key, "settings"]).trim(), "0");
@@ -147,18 +150,44 @@ async fn a_run_pins_its_settings_by_version_and_its_hash_stays_packed() {
     );
     let detail = store.run("t", &long.id).await.unwrap().expect("the run");
     assert_eq!(detail.run.input, long_input);
+    // A medium one is kept in the hash, in pieces that keep it packed.
+    let medium_key = format!("{p}run:{}", medium.id);
+    assert_eq!(
+        server
+            .cli(&["EXISTS", &format!("{p}in:{}", medium.id)])
+            .trim(),
+        "0"
+    );
+    assert_eq!(server.cli(&["HEXISTS", &medium_key, "input"]).trim(), "0");
+    assert_eq!(server.cli(&["HSTRLEN", &medium_key, "in1"]).trim(), "64");
+    assert_eq!(server.cli(&["HSTRLEN", &medium_key, "in5"]).trim(), "44");
+    assert_eq!(server.cli(&["HEXISTS", &medium_key, "in6"]).trim(), "0");
+    let detail = store.run("t", &medium.id).await.unwrap().expect("the run");
+    assert_eq!(detail.run.input, medium_input);
+    let listed = store
+        .runs(RunQuery {
+            tenant: "t".into(),
+            limit: 10,
+            ..RunQuery::default()
+        })
+        .await
+        .unwrap();
+    let listed = listed.iter().find(|r| r.id == medium.id).expect("listed");
+    assert_eq!(listed.input, medium_input);
 
     // A fresh store (nothing cached) reads the settings by version.
     let fresh = self::store(&server.url()).await;
     let claimed = claim(&fresh).await;
     assert_eq!(
         ids(&claimed),
-        sorted(vec![short.id.clone(), long.id.clone()])
+        sorted(vec![short.id.clone(), long.id.clone(), medium.id.clone()])
     );
     for c in &claimed {
         assert_eq!(c.run.settings, settings());
         let input = if c.run.id == long.id {
             &long_input[..]
+        } else if c.run.id == medium.id {
+            &medium_input[..]
         } else {
             br#"{"i":1}"#
         };
@@ -168,7 +197,7 @@ async fn a_run_pins_its_settings_by_version_and_its_hash_stays_packed() {
     // Ended and purged, a run takes its input key with it.
     succeed(&fresh, &claimed).await;
     let purged = purge_all(&fresh).await;
-    assert_eq!(purged, 2);
+    assert_eq!(purged, 3);
     assert_eq!(server.cli(&["EXISTS", &in_key]).trim(), "0");
     assert_eq!(
         server

@@ -27,11 +27,19 @@ end
 -- everything its hash keeps whole, its idempotency key, and UNPACK when one of its
 -- values keeps its hash from being packed from the start (then also `true`).
 local function run_cost(input, trigger, sv, idem, retry, fl, parent, trace)
-  local c = C_RUN + 2 * #P + mem(#input) + mem(#trigger) + mem(#sv) + mem(#retry)
-    + mem(#fl.keys) + mem(#trace)
+  local c = C_RUN + 2 * #P + mem(#trigger) + mem(#sv) + mem(#retry) + mem(#fl.keys)
+    + mem(#trace)
   if idem ~= '' then c = c + 2 * mem(#idem) + IDEM end
-  -- A long input has a key of its own (`with_input`) and leaves the hash packed.
-  if #input > PACKED_MAX then c = c + C_IN + #P end
+  -- An input over PACKED_MAX bytes is kept in pieces in the hash, or in a key of its own
+  -- when longer than CHUNKS pieces (`with_input`); either way the hash stays packed.
+  local pieces = math.ceil(#input / PACKED_MAX)
+  if pieces <= 1 then
+    c = c + #input
+  elseif pieces <= CHUNKS then
+    c = c + #input + C_PIECE * pieces
+  else
+    c = c + mem(#input) + C_IN + #P
+  end
   for _, v in ipairs({ trigger, idem, retry, fl.keys, fl.cgate, fl.tgate, fl.dgate, parent, trace }) do
     if #v > PACKED_MAX then return c + UNPACK, true end
   end
@@ -124,9 +132,7 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
   local function add(k, v) if v ~= '' then fields[#fields + 1] = k; fields[#fields + 1] = v end end
   if fl.offset ~= '0' then add('rank_offset', fl.offset) end
   if fl.prio ~= '0' then add('priority', fl.prio) end
-  if #input > PACKED_MAX then
-    redis.call('SET', inkey(id), input)
-  else
+  if #input <= PACKED_MAX then
     fields[#fields + 1] = 'input'
     fields[#fields + 1] = input
   end
@@ -153,6 +159,10 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
     queue_load(queue, status, 1)
   end
   if unpacked then add('up', '1') end
+  -- A longer input last: a scan for any other field stops before it.
+  if #input > PACKED_MAX and not input_pieces(input, fields) then
+    redis.call('SET', inkey(id), input)
+  end
   if parent ~= '' then redis.call('ZADD', P .. 'kids:' .. parent, NOWS, id) end
   redis.call('HSET', runkey(id), unpack(fields))
   feed_note(id, status)

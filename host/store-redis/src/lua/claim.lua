@@ -189,7 +189,7 @@ while #out < room and parks > 0 do
     -- at every power of two.)
     local fields = { unpack(RUN_FIELDS) }
     for i, f in ipairs(RUN_FIELDS) do fields[i] = r[f] or false end
-    fields = with_input(id, fields)
+    fields = with_input(id, fields, r)
     for f, v in pairs(lease) do fields[RUN_AT[f]] = v end
     out[#out + 1] = load_run(id, r.nosteps == '1', fields)
   end

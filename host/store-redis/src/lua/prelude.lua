@@ -40,6 +40,8 @@ local C_RUN, C_ATT, C_STEP, C_LOG, C_EVENT, C_FN = @COSTS@
 -- An input kept in its own key (`in:<id>`): the key's entry and headers, besides the
 -- prefix P and the input.
 local C_IN = @INPUT_KEY_COST@
+-- An input kept in pieces in the run's hash: each piece's field name and headers.
+local C_PIECE = 8
 local KEY
 -- IDEM: an idempotency key's overhead besides the key itself (twice): the run's
 -- `idempotency_key` field and the entry in `idem:<function>` with its `created_at:id`.
@@ -218,15 +220,54 @@ local RUN_FIELDS = { @RUN_FIELDS@ }
 -- library's load sees no `ipairs` or `unpack`, only its calls do.)
 local RUN_AT = {}
 for i = 1, #RUN_FIELDS do RUN_AT[RUN_FIELDS[i]] = i end
--- An input longer than PACKED_MAX is kept beside the run's hash, in `in:<id>`, so that the
--- hash stays packed: a queued run is mostly its input. Fills it into `fields` (a
--- run_fields reply of run `id`, status included) when the hash has none, and the run's id
--- and tenant, which its key names (runs written before kept them in the hash too).
+-- A queued run is mostly its input, and its hash must stay packed (no value longer than
+-- PACKED_MAX). An input of up to PACKED_MAX bytes is the field `input`; one of up to
+-- CHUNKS pieces of PACKED_MAX bytes is kept in the hash as those pieces (`in1`, `in2`,
+-- ...: about 8 bytes each beyond the input, where a key of its own costs about 100); a
+-- longer one beside the hash, in `in:<id>` (and so are those of runs written before the
+-- pieces).
+local CHUNKS = 8
+local CHUNK_NAMES = { 'in1', 'in2', 'in3', 'in4', 'in5', 'in6', 'in7', 'in8' }
 local function inkey(id) return P .. 'in:' .. id end
-local function with_input(id, fields)
+-- Appends to `fields` (a flat name/value list) the pieces of `input`, when it is kept so;
+-- false when it is not.
+local function input_pieces(input, fields)
+  local n = math.ceil(#input / PACKED_MAX)
+  if n > CHUNKS then return false end
+  for i = 1, n do
+    fields[#fields + 1] = CHUNK_NAMES[i]
+    fields[#fields + 1] = string.sub(input, (i - 1) * PACKED_MAX + 1, i * PACKED_MAX)
+  end
+  return true
+end
+-- The input its pieces make (`piece(i)`: the i-th or nil/false), nil when there are none.
+local function joined(piece)
+  if not piece(1) then return nil end
+  local parts = {}
+  for i = 1, CHUNKS do
+    local p = piece(i)
+    if not p then break end
+    parts[i] = p
+  end
+  return table.concat(parts)
+end
+-- Fills the run's input into `fields` (a run_fields reply of run `id`, status included)
+-- when the hash has no `input` field, and the run's id and tenant, which its key names
+-- (runs written before kept them in the hash too). `r`: the run's whole hash by field,
+-- when the caller read it (a claim), so that its pieces need no read.
+local function with_input(id, fields, r)
   if fields[RUN_AT.status] then
     fields[RUN_AT.id], fields[RUN_AT.tenant] = id, TENANT
-    if not fields[RUN_AT.input] then fields[RUN_AT.input] = redis.call('GET', inkey(id)) end
+    if not fields[RUN_AT.input] then
+      local input
+      if r then
+        input = joined(function(i) return r[CHUNK_NAMES[i]] end)
+      else
+        local c = redis.call('HMGET', runkey(id), unpack(CHUNK_NAMES))
+        input = joined(function(i) return c[i] end)
+      end
+      fields[RUN_AT.input] = input or redis.call('GET', inkey(id))
+    end
   end
   return fields
 end
