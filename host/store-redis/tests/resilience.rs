@@ -423,28 +423,53 @@ async fn the_wake_list_stays_bounded_while_nobody_waits() {
     assert_eq!(server.cli(&["LLEN", wake]).trim(), "11");
 }
 
-/// The tenant's published due time (`G due`, what idle workers sleep until) after each
-/// transition of one run at a time, beside a run delayed by 100 s: the claim's lease
-/// expiry while the run runs (a worker that dies leaves it to be taken back then), the
-/// delayed run's time once it ended. A claim reads the heads of the tenant's timers once
-/// and publishes from what it read and wrote; none of it may come out later than the
-/// truth.
-#[tokio::test]
-async fn the_published_due_time_is_never_later_than_the_tenants_next() {
-    let server = RedisServer::start(RedisOptions::default());
+/// A store on `server` in namespace `ns`, on a manual clock at 1,000,000 ms.
+async fn on_manual_clock(server: &RedisServer, ns: &str) -> (RedisStore, ManualClock) {
     let clock = ManualClock::new(1_000_000);
     let store = RedisStore::connect_with(
         &server.url(),
         Arc::new(clock.clone()),
-        StoreOptions::default().with_namespace("pub"),
+        StoreOptions::default().with_namespace(ns),
     )
     .await
     .unwrap();
+    (store, clock)
+}
+
+/// Tenant "t"'s due time in the global schedule of namespace `ns` (what idle workers
+/// sleep until).
+fn published_due(server: &RedisServer, ns: &str) -> Option<i64> {
+    let v = server.cli(&["ZSCORE", &format!("{ns}:g:{{{ns}}}:due"), "t"]);
+    v.trim().parse().ok()
+}
+
+/// Ends the attempt under `lease` as succeeded.
+async fn succeed(store: &RedisStore, lease: &Lease) {
+    let ends = store
+        .end_attempts(vec![AttemptEnd {
+            lease: lease.clone(),
+            records: vec![],
+            outcome: Outcome::Succeeded {
+                output: b"{}".to_vec(),
+                fuel_used: None,
+            },
+        }])
+        .await;
+    assert!(ends[0].is_ok(), "{ends:?}");
+}
+
+/// The tenant's published due time (`G due`) after each transition of one run at a time,
+/// beside a run delayed by 100 s: the claim's lease expiry while the run runs (a worker
+/// that dies leaves it to be taken back then), the delayed run's time once it ended. It
+/// may be earlier than the truth (a renewal or an end leaves a future one as it was, and
+/// the visit at that time publishes the truth), never later: a transition that adds
+/// anything due before it publishes at once.
+#[tokio::test]
+async fn the_published_due_time_is_never_later_than_the_tenants_next() {
+    let server = RedisServer::start(RedisOptions::default());
+    let (store, clock) = on_manual_clock(&server, "pub").await;
     deploy(&store, "t").await;
-    let published = || -> Option<i64> {
-        let v = server.cli(&["ZSCORE", "pub:g:{pub}:due", "t"]);
-        v.trim().parse().ok()
-    };
+    let published = || published_due(&server, "pub");
     store.enqueue(request("t", Some(1_100_000))).await.unwrap();
     assert_eq!(published(), Some(1_100_000), "the delayed run");
     store.enqueue(request("t", None)).await.unwrap();
@@ -475,17 +500,7 @@ async fn the_published_due_time_is_never_later_than_the_tenants_next() {
     let again = store.claim(claim_req(10)).await.unwrap();
     assert_eq!(again.len(), 1, "the run whose lease expired");
     assert_eq!(published(), Some(1_030_020 + 30_000));
-    let ends = store
-        .end_attempts(vec![AttemptEnd {
-            lease: again[0].lease.clone(),
-            records: vec![],
-            outcome: Outcome::Succeeded {
-                output: b"{}".to_vec(),
-                fuel_used: None,
-            },
-        }])
-        .await;
-    assert!(ends[0].is_ok(), "{ends:?}");
+    succeed(&store, &again[0].lease).await;
     assert_eq!(
         published(),
         Some(1_030_020 + 30_000),
@@ -523,14 +538,7 @@ async fn the_published_due_time_is_never_later_than_the_tenants_next() {
 #[tokio::test]
 async fn an_end_that_frees_a_slot_publishes_the_waiting_run_due_now() {
     let server = RedisServer::start(RedisOptions::default());
-    let clock = ManualClock::new(1_000_000);
-    let store = RedisStore::connect_with(
-        &server.url(),
-        Arc::new(clock.clone()),
-        StoreOptions::default().with_namespace("slot"),
-    )
-    .await
-    .unwrap();
+    let (store, clock) = on_manual_clock(&server, "slot").await;
     store
         .create_tenant(Tenant {
             name: "t".into(),
@@ -543,10 +551,7 @@ async fn an_end_that_frees_a_slot_publishes_the_waiting_run_due_now() {
         .await
         .unwrap();
     deploy(&store, "t").await;
-    let published = || -> Option<i64> {
-        let v = server.cli(&["ZSCORE", "slot:g:{slot}:due", "t"]);
-        v.trim().parse().ok()
-    };
+    let published = || published_due(&server, "slot");
     store.enqueue(request("t", None)).await.unwrap();
     store.enqueue(request("t", None)).await.unwrap();
     let first = store.claim(claim_req(10)).await.unwrap();
@@ -557,17 +562,7 @@ async fn an_end_that_frees_a_slot_publishes_the_waiting_run_due_now() {
         "no room until the lease ends"
     );
     clock.advance(5);
-    let ends = store
-        .end_attempts(vec![AttemptEnd {
-            lease: first[0].lease.clone(),
-            records: vec![],
-            outcome: Outcome::Succeeded {
-                output: b"{}".to_vec(),
-                fuel_used: None,
-            },
-        }])
-        .await;
-    assert!(ends[0].is_ok(), "{ends:?}");
+    succeed(&store, &first[0].lease).await;
     assert_eq!(published(), Some(0), "the waiting run is due now");
     assert_eq!(store.claim(claim_req(10)).await.unwrap().len(), 1);
 }
