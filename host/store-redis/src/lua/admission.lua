@@ -32,10 +32,8 @@ local function run_cost(input, trigger, sv, idem, retry, fl, parent, trace)
   if idem ~= '' then c = c + 2 * mem(#idem) + IDEM end
   -- An input over PACKED_MAX bytes is kept in pieces in the hash, or in a key of its own
   -- when longer than CHUNKS pieces (`with_input`); either way the hash stays packed.
-  local pieces = math.ceil(#input / PACKED_MAX)
-  if pieces <= 1 then
-    c = c + #input
-  elseif pieces <= CHUNKS then
+  local pieces = pieces_of(#input)
+  if pieces then
     c = c + #input + C_PIECE * pieces
   else
     c = c + mem(#input) + C_IN + #P

@@ -229,11 +229,19 @@ for i = 1, #RUN_FIELDS do RUN_AT[RUN_FIELDS[i]] = i end
 local CHUNKS = 8
 local CHUNK_NAMES = { 'in1', 'in2', 'in3', 'in4', 'in5', 'in6', 'in7', 'in8' }
 local function inkey(id) return P .. 'in:' .. id end
+-- How many pieces an input of `len` bytes is kept in: 0 for one short enough to be the
+-- `input` field, nil for one kept in `in:<id>`.
+local function pieces_of(len)
+  if len <= PACKED_MAX then return 0 end
+  local n = math.ceil(len / PACKED_MAX)
+  if n > CHUNKS then return nil end
+  return n
+end
 -- Appends to `fields` (a flat name/value list) the pieces of `input`, when it is kept so;
 -- false when it is not.
 local function input_pieces(input, fields)
-  local n = math.ceil(#input / PACKED_MAX)
-  if n > CHUNKS then return false end
+  local n = pieces_of(#input)
+  if not n then return false end
   for i = 1, n do
     fields[#fields + 1] = CHUNK_NAMES[i]
     fields[#fields + 1] = string.sub(input, (i - 1) * PACKED_MAX + 1, i * PACKED_MAX)

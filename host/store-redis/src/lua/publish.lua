@@ -2,6 +2,12 @@
 -- next, for every queue and for each, published to the global keys (`due`, `due:<queue>`)
 -- with wake-ups (`wake`, `wake:<queue>`). apply_hint (lua/apply_hint.lua) comes first.
 
+-- Runs this call put in the lane of queue `name` ('default' for the default one's).
+local function lane_added(name)
+  if name == 'default' then name = '' end
+  return LANEADD[name] or 0
+end
+
 -- Whether the tenant may start another run (its max_running quota).
 local function has_room()
   local maxr = quota('max_running')
@@ -35,9 +41,7 @@ local function next_due(multi)
     local v
     -- Runs this call put in the lane (and, not being a claim, left there) make it due
     -- now without counting the lane.
-    local added = not TAKES and LANEADD[name]
-    if name == 'default' and not TAKES then added = LANEADD[''] end
-    if (added and added > 0) or redis.call('ZCARD', k) > 0 then
+    if (not TAKES and lane_added(name) > 0) or redis.call('ZCARD', k) > 0 then
       if room == nil then room = has_room() end
       if room then v = 0 end
     end
@@ -122,8 +126,7 @@ local function publish(wake, force, h)
       local v = per[q]
       local vs = ''
       if v then vs = I(v) end
-      local add = LANEADD[q] or 0
-      if q == 'default' then add = LANEADD[''] or 0 end
+      local add = lane_added(q)
       local qchanged = force or was[i] ~= vs
       if qchanged then
         changed = true
