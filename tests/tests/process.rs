@@ -337,7 +337,7 @@ async fn kill_9_during_a_durable_sleep_still_wakes_on_time() {
 }
 
 /// A daemon's first line, and the threads its runtime has as /proc counts them.
-fn first_line_and_threads(args: &[&str]) -> (String, usize) {
+fn first_line_and_threads(args: &[&str], want: usize) -> (String, usize) {
     use std::io::BufRead;
     let mut child = wasq()
         .args(args)
@@ -350,12 +350,21 @@ fn first_line_and_threads(args: &[&str]) -> (String, usize) {
         .read_line(&mut line)
         .unwrap();
     // Tokio names its worker threads "tokio-rt-worker", and its blocking threads too,
-    // which come and go: /proc holds at least the workers the line says.
-    let tasks = std::fs::read_dir(format!("/proc/{}/task", child.id())).unwrap();
-    let named = tasks
-        .filter_map(|t| std::fs::read_to_string(t.unwrap().path().join("comm")).ok())
-        .filter(|c| c.trim() == "tokio-rt-worker")
-        .count();
+    // which come and go: /proc holds at least the workers the line says. A thread names
+    // itself once it first runs, which on a loaded machine can be after the line is
+    // printed (CI saw none named yet), so look until `want` are named or a while passed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let named = loop {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", child.id())).unwrap();
+        let named = tasks
+            .filter_map(|t| std::fs::read_to_string(t.unwrap().path().join("comm")).ok())
+            .filter(|c| c.trim() == "tokio-rt-worker")
+            .count();
+        if named >= want || std::time::Instant::now() > deadline {
+            break named;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
     let _ = child.kill();
     let _ = child.wait();
     (line, named)
@@ -369,7 +378,7 @@ fn daemons_run_on_the_threads_asked_for_and_leave_a_core_to_a_redis_beside_them(
     let listen = format!("127.0.0.1:{}", free_port());
 
     // The embedded store: a thread per core.
-    let (line, named) = first_line_and_threads(&["dev", "--listen", &listen, "--data", dir]);
+    let (line, named) = first_line_and_threads(&["dev", "--listen", &listen, "--data", dir], cores);
     let want = if cores == 1 {
         "1 thread)".to_owned()
     } else {
@@ -378,15 +387,17 @@ fn daemons_run_on_the_threads_asked_for_and_leave_a_core_to_a_redis_beside_them(
     assert!(line.contains(&want), "{line}");
     assert!(named >= cores, "{named} runtime threads: {line}");
 
-    let (line, named) =
-        first_line_and_threads(&["dev", "--listen", &listen, "--data", dir, "--threads", "3"]);
+    let (line, named) = first_line_and_threads(
+        &["dev", "--listen", &listen, "--data", dir, "--threads", "3"],
+        3,
+    );
     assert!(line.contains("3 threads)"), "{line}");
     assert!(named >= 3, "{named} runtime threads: {line}");
 
     // A Redis on this machine keeps a core: one thread fewer (at least one).
     let redis = wasq_store_redis::testing::RedisServer::start(Default::default());
     let worker = ["worker", "--redis", &redis.url(), "--data", dir];
-    let (line, _) = first_line_and_threads(&worker);
+    let (line, _) = first_line_and_threads(&worker, 0);
     let want = match cores - 1 {
         0 | 1 => "1 thread)".to_owned(),
         n => format!("{n} threads)"),
@@ -395,7 +406,7 @@ fn daemons_run_on_the_threads_asked_for_and_leave_a_core_to_a_redis_beside_them(
         line.starts_with("wasq worker: running") && line.contains(&want),
         "{line}"
     );
-    let (line, _) = first_line_and_threads(&[&worker[..], &["--threads", "2"]].concat());
+    let (line, _) = first_line_and_threads(&[&worker[..], &["--threads", "2"]].concat(), 0);
     assert!(line.contains("2 threads)"), "{line}");
 
     // Zero threads is refused before anything starts, in one line.
