@@ -150,6 +150,11 @@ fn scenarios<S: Store + Directory + Workers>() -> Vec<(&'static str, &'static st
             |s, c| Box::pin(durable::suspend(s, c)),
         ),
         (
+            "running_detail",
+            "a run's detail holds its latest executions, the running one last",
+            |s, c| Box::pin(durable::running_detail(s, c)),
+        ),
+        (
             "release_resumed",
             "a released resumed run stays a resume",
             |s, c| Box::pin(durable::release_resumed(s, c)),
@@ -419,6 +424,7 @@ macro_rules! conformance_tests {
             logs,
             trace_context,
             suspend,
+            running_detail,
             release_resumed,
             cancel,
             manual_retry,

@@ -453,3 +453,73 @@ async fn schedules_are_read_from_their_own_index_built_once_for_older_tenants() 
         "1"
     );
 }
+
+/// A running execution is kept in the run's hash and written to its attempts list once,
+/// when it ends; one that an older wasq started (pushed to the list at its claim, ended by
+/// rewriting the list's last element) still ends, or is handed back, as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_execution_is_listed_when_it_ends_and_one_an_older_wasq_started_still_ends() {
+    let server = RedisServer::start(RedisOptions::default());
+    let store = store(&server.url()).await;
+    deploy(&store).await;
+    let p = store.tenant_prefix("t");
+    let mut runs = Vec::new();
+    for i in 0..4 {
+        runs.push(
+            enqueue(&store, format!(r#"{{"i":{i}}}"#).as_bytes())
+                .await
+                .id,
+        );
+    }
+    let claimed = claim(&store).await;
+    assert_eq!(ids(&claimed), sorted(runs));
+    let att = |c: &Claimed| format!("{p}att:{}", c.run.id);
+    let rk = |c: &Claimed| format!("{p}run:{}", c.run.id);
+    for c in &claimed {
+        assert_eq!(server.cli(&["EXISTS", &att(c)]).trim(), "0");
+        let started = server.cli(&["HGET", &rk(c), "astart"]);
+        assert!(started.trim().parse::<i64>().is_ok(), "{started:?}");
+    }
+    // Runs 2 and 3 as an older wasq left them while running.
+    for c in &claimed[2..] {
+        let started = server.cli(&["HGET", &rk(c), "astart"]);
+        let entry = format!(r#"1|{}|"old-w""#, started.trim());
+        assert_eq!(server.cli(&["RPUSH", &att(c), &entry]).trim(), "1");
+        assert_eq!(server.cli(&["HDEL", &rk(c), "astart"]).trim(), "1");
+    }
+    let workers = |c: &Claimed| {
+        let store = &store;
+        let id = c.run.id.clone();
+        async move {
+            let d = store.run("t", &id).await.unwrap().unwrap();
+            let list = d
+                .attempts
+                .iter()
+                .map(|a| (a.worker.clone(), a.finished_at.is_some()));
+            (d.attempts_total, list.collect::<Vec<_>>())
+        }
+    };
+    let w = |name: &str, ended: bool| (name.to_owned(), ended);
+    assert_eq!(workers(&claimed[0]).await, (1, vec![w("w", false)]));
+    assert_eq!(workers(&claimed[2]).await, (1, vec![w("old-w", false)]));
+
+    // One of each ends, one of each is handed back.
+    for i in [0, 2] {
+        succeed(&store, &claimed[i..=i]).await;
+    }
+    for i in [1, 3] {
+        store
+            .end_attempt(&claimed[i].lease, Outcome::Released)
+            .await
+            .expect("release");
+    }
+    assert_eq!(workers(&claimed[0]).await, (1, vec![w("w", true)]));
+    assert_eq!(workers(&claimed[2]).await, (1, vec![w("old-w", true)]));
+    for c in &claimed {
+        assert_eq!(server.cli(&["HEXISTS", &rk(c), "astart"]).trim(), "0");
+    }
+    for i in [1, 3] {
+        assert_eq!(workers(&claimed[i]).await, (0, vec![]));
+        assert_eq!(server.cli(&["EXISTS", &att(&claimed[i])]).trim(), "0");
+    }
+}

@@ -376,3 +376,59 @@ pub(super) async fn wait_run(store: impl Store, clock: ManualClock) {
         matches!(step_output(&p.steps, "join"), Resolution::Error { message } if message.contains("boom"))
     );
 }
+
+/// A run's detail holds its latest executions, the one running now last and open, after
+/// more executions than the detail shows.
+pub(super) async fn running_detail(store: impl Store, clock: ManualClock) {
+    use crate::storage::DETAIL_ATTEMPTS;
+    deploy_fn(&store, "f", "d", 1).await;
+    let run = enqueue(&store, "f", "{}").await;
+    for _ in 0..DETAIL_ATTEMPTS {
+        let c = claim(&store, "w", 1).await.remove(0);
+        clock.advance(1);
+        let until = clock.now_ms() + 1;
+        let outcome = Outcome::Suspended {
+            until,
+            fuel_used: None,
+        };
+        store.finish(&c.lease, outcome).await.unwrap();
+        clock.set(until);
+    }
+    let start = clock.now_ms();
+    let c = claim(&store, "w-last", 1).await.remove(0);
+    assert_eq!(c.run.attempt, 1);
+    let d = detail(&store, &run.id).await;
+    assert_eq!(d.attempts_total, DETAIL_ATTEMPTS as u64 + 1);
+    assert_eq!(d.attempts.len(), DETAIL_ATTEMPTS);
+    let (open, ended) = d.attempts.split_last().unwrap();
+    assert_eq!(
+        (open.number, open.worker.as_str(), open.started_at),
+        (1, "w-last", start)
+    );
+    assert_eq!((open.finished_at, open.fuel_used), (None, None));
+    assert!(
+        ended
+            .iter()
+            .all(|a| a.worker == "w" && a.suspended_until == Some(a.started_at + 2)),
+        "{ended:?}"
+    );
+    // The oldest execution is the one left out.
+    assert_eq!(ended[0].started_at, T0 + 2);
+    clock.advance(5);
+    let done = Outcome::Succeeded {
+        output: b"1".to_vec(),
+        fuel_used: Some(4),
+    };
+    store.finish(&c.lease, done).await.unwrap();
+    let d = detail(&store, &run.id).await;
+    let last = d.attempts.last().unwrap();
+    assert_eq!(
+        (
+            last.worker.as_str(),
+            last.started_at,
+            last.finished_at,
+            last.fuel_used
+        ),
+        ("w-last", start, Some(start + 5), Some(4))
+    );
+}

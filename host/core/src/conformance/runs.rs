@@ -528,10 +528,13 @@ pub(super) async fn release(store: impl Store, _clock: ManualClock) {
         (run.id.as_str(), 1)
     );
     assert!(again.lease.token > c.lease.token);
-    assert!(
-        detail(&store, &run.id).await.attempts.len() <= 1,
-        "a released attempt is not history"
+    let d = detail(&store, &run.id).await;
+    assert_eq!(
+        (d.attempts.len(), d.attempts_total),
+        (1, 1),
+        "a released attempt is not history: only the new one is"
     );
+    assert_eq!(d.attempts[0].finished_at, None);
 }
 
 pub(super) async fn end_attempt(store: impl Store, _clock: ManualClock) {
