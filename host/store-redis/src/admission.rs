@@ -242,9 +242,10 @@ impl RedisStore {
         })
     }
 
-    /// The tenant's `max_queued`, for the message of a refused enqueue.
+    /// The tenant's `max_queued`, for the message of a refused enqueue (the script that
+    /// refused it has moved the quotas into `meta`: see `mirror_quotas`).
     pub(crate) async fn max_queued(&self, tenant: &str) -> u64 {
-        let key = format!("{}quotas", self.tenant_prefix(tenant));
+        let key = format!("{}meta", self.tenant_prefix(tenant));
         self.query::<Option<u64>>(redis::cmd("HGET").arg(key).arg("max_queued"))
             .await
             .ok()

@@ -153,14 +153,17 @@ impl RedisStore {
         })
     }
 
-    /// Copies the quotas the stores enforce into the tenant's slot, as plain fields the
-    /// tenant scripts read.
+    /// Copies the quotas the stores enforce into the tenant's slot, as plain fields of its
+    /// `meta` that the tenant scripts read with the rest of it (`qm` says they are there;
+    /// an older wasq kept them in a hash of their own, `quotas`, which goes).
     async fn mirror_quotas(&self, tenant: &str, quotas: &Quotas) -> Result<(), StoreError> {
-        let key = format!("{}quotas", self.tenant_prefix(tenant));
+        let prefix = self.tenant_prefix(tenant);
         let _: Value = self
             .query(
                 redis::cmd("HSET")
-                    .arg(key)
+                    .arg(format!("{prefix}meta"))
+                    .arg("qm")
+                    .arg(1)
                     .arg("max_running")
                     .arg(quotas.max_running)
                     .arg("max_queued")
@@ -172,6 +175,9 @@ impl RedisStore {
                     .arg("max_run_log_bytes")
                     .arg(quotas.max_run_log_bytes),
             )
+            .await?;
+        let _: Value = self
+            .query(redis::cmd("DEL").arg(format!("{prefix}quotas")))
             .await?;
         // A tenant held back by max_running may be startable now: republish its due time.
         self.republish(tenant).await

@@ -42,7 +42,7 @@
 //! slot freed (any move out of `running`) lets the best parked run back into the lane; a
 //! throttle gate's timer (`gtimer`) does the same when its window opens. Parked runs are
 //! not "due", so a tenant whose runs are all held back is not visited by idle workers. The
-//! tenant's `max_running` (`quotas`) caps the claim; `max_queued` is checked against
+//! tenant's `max_running` (in its `meta`) caps the claim; `max_queued` is checked against
 //! `st:queued` at enqueue. `wait_for_work` sleeps until the earliest due time by the
 //! host's own timer (not Redis's `hz` tick), or until a wake-up token arrives: one
 //! listener task per store BLPOPs the wake list on its own connection while anybody in
@@ -92,7 +92,7 @@
 //! | `G seq` | hash | tenant → sequence number of the last applied `due` update (Cluster) |
 //! | `G wake` | list | wake-up tokens for `wait_for_work` (BLPOP), at most 64 |
 //! | `G wake:<queue>` | list | the same for workers naming the queue (tenants with named queues): one per run that entered its lane, one when its due time came earlier |
-//! | `P meta` | hash | `next` (last published due time), `seq` (its sequence number, on Cluster); with named queues `mq` = 1 and `next:<queue>` (each queue's); `feed`: the tenant feed is recorded until then; `crons` = 1 once `crons` is complete |
+//! | `P meta` | hash | `next` (last published due time), `seq` (its sequence number, on Cluster); with named queues `mq` = 1 and `next:<queue>` (each queue's); `feed`: the tenant feed is recorded until then; `crons` = 1 once `crons` is complete; the quotas the scripts enforce (`max_running`, `max_queued`, the storage quotas, mirrored by `directory.rs`; `qm` = 1 once they are here: an older wasq kept them in `P quotas`, which the first script that needs them moves here), read with `next`, `mq` and `feed` in one `HMGET` |
 //! | `P fn:<name>` | hash | name, digest, size_bytes, settings JSON, sv (its version: 16 hex of its SHA-1), max_attempts, queue (absent: `default`), events JSON, schedule JSON, created_at, updated_at |
 //! | `P queues` | set | the tenant's queues besides `default` (named by deploys; it only grows) |
 //! | `P qload` | hash | `<queue>\|queued`, `<queue>\|running` → runs of a named queue (the default queue's are the rest of `st:queued`, `st:running`) |
@@ -117,7 +117,6 @@
 //! | `P win:<gate>` | list | a throttle's last starts / a rate limit's last accepted runs (times, newest first, at most the limit) |
 //! | `P gtimer`, `P tcfg` | zset, hash | throttle gates with parked runs by when their window opens; their `limit\|period` |
 //! | `P deb` | hash | debounce gate → its pending run |
-//! | `P quotas` | hash | `max_running`, `max_queued`, the storage quotas (see `directory.rs`) |
 //! | `P rdig` | hash | `digest\|sv` (component and settings version) → runs that pin them (each run counts itself in; `meta.rdig` marks it complete: set by a deploy while the tenant has no runs, else built once from the runs) |
 //! | `P leases` | zset | running runs by lease expiry |
 //! | `P timeouts` | zset | waiting runs with a time limit, by that limit |

@@ -523,3 +523,103 @@ async fn an_execution_is_listed_when_it_ends_and_one_an_older_wasq_started_still
         assert_eq!(server.cli(&["EXISTS", &att(&claimed[i])]).trim(), "0");
     }
 }
+
+/// A tenant's quotas are kept in its `meta`, read with the rest of it; quotas an older
+/// wasq kept in a hash of their own still hold, and move into the `meta` at the first
+/// call that needs them; a tenant without quotas is unlimited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quotas_live_in_the_tenants_meta_and_older_ones_move_there() {
+    let server = RedisServer::start(RedisOptions::default());
+    let store = store(&server.url()).await;
+    let tenant = Tenant {
+        name: "t".into(),
+        created_at: 0,
+        quotas: Quotas {
+            max_queued: 2,
+            ..Quotas::default()
+        },
+    };
+    store.create_tenant(tenant).await.unwrap();
+    deploy(&store).await;
+    let p = store.tenant_prefix("t");
+    let (meta, old) = (format!("{p}meta"), format!("{p}quotas"));
+    assert_eq!(server.cli(&["HGET", &meta, "max_queued"]).trim(), "2");
+    assert_eq!(server.cli(&["EXISTS", &old]).trim(), "0");
+
+    // As an older wasq left it: the quotas in `quotas`, none in the meta.
+    let fields = [
+        "max_running",
+        "max_queued",
+        "max_stored_bytes",
+        "max_run_bytes",
+    ];
+    let mut hset = vec!["HSET", &old];
+    let values: Vec<String> = fields
+        .iter()
+        .map(|f| server.cli(&["HGET", &meta, f]).trim().to_owned())
+        .collect();
+    for (f, v) in fields.iter().zip(&values) {
+        hset.extend([*f, v.as_str()]);
+    }
+    server.cli(&hset);
+    let mut hdel = vec!["HDEL", &meta, "qm", "max_run_log_bytes"];
+    hdel.extend(fields);
+    assert_eq!(server.cli(&hdel).trim(), "6");
+
+    enqueue(&store, b"1").await;
+    assert_eq!(server.cli(&["EXISTS", &old]).trim(), "0", "moved");
+    assert_eq!(server.cli(&["HGET", &meta, "qm"]).trim(), "1");
+    assert_eq!(server.cli(&["HGET", &meta, "max_queued"]).trim(), "2");
+    enqueue(&store, b"2").await;
+    let refused = store.enqueue(EnqueueRequest {
+        tenant: "t".into(),
+        function: "f".into(),
+        input: b"3".to_vec(),
+        trigger: "api".into(),
+        due_at: None,
+        idempotency_key: None,
+        retry: None,
+        parent: None,
+        priority: None,
+        trace: None,
+    });
+    match refused.await {
+        Err(StoreError::QuotaExceeded { message, .. }) => {
+            assert!(message.contains("has 2 runs queued"), "{message}")
+        }
+        other => panic!("a third run past max_queued 2: {other:?}"),
+    }
+
+    // A tenant nobody gave quotas (none in either place) is unlimited, and says so.
+    let other = store.tenant_prefix("u");
+    store
+        .deploy(DeployRequest {
+            tenant: "u".into(),
+            name: "f".into(),
+            digest: "d".into(),
+            component: b"c".to_vec(),
+            settings: settings(),
+            events: vec![],
+            schedule: None,
+        })
+        .await
+        .unwrap();
+    for i in 0..3 {
+        let req = EnqueueRequest {
+            tenant: "u".into(),
+            function: "f".into(),
+            input: vec![b'0' + i],
+            trigger: "api".into(),
+            due_at: None,
+            idempotency_key: None,
+            retry: None,
+            parent: None,
+            priority: None,
+            trace: None,
+        };
+        store.enqueue(req).await.expect("no quota");
+    }
+    let meta = format!("{other}meta");
+    assert_eq!(server.cli(&["HGET", &meta, "qm"]).trim(), "1");
+    assert_eq!(server.cli(&["HEXISTS", &meta, "max_queued"]).trim(), "0");
+}

@@ -162,8 +162,8 @@ async fn a_frozen_redis_times_out_and_the_store_goes_on() {
     eprintln!("thawed: enqueue worked again after {:?}", t.elapsed());
 }
 
-/// An idle worker wakes when a run is enqueued, and at a delayed run's due time, by its
-/// own timer.
+/// An idle worker wakes when a run is enqueued, at a delayed run's due time by its own
+/// timer, and when a run is due sooner than the time that timer is set for.
 async fn wake_ups(url: &str) {
     let store = deployed(url, "wake").await;
 
@@ -229,6 +229,36 @@ async fn wake_ups(url: &str) {
     let late = SystemClock.now_ms() - due;
     eprintln!("delayed run: claimed {late} ms after its due time, after {waits} waits");
     assert!((0..150).contains(&late), "claimed {late} ms after due");
+
+    // A run due before the tenant's published due time (a later run's) wakes the waiters,
+    // whose timers are set for the later one.
+    store
+        .enqueue(request("t", Some(SystemClock.now_ms() + 5_000)))
+        .await
+        .unwrap();
+    let waiter = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            for _ in 0..4 {
+                store
+                    .wait_for_work(Duration::from_secs(10), &[])
+                    .await
+                    .unwrap();
+                if let Some(c) = store.claim(claim_req(1)).await.unwrap().pop() {
+                    return Some((SystemClock.now_ms(), c.run.id));
+                }
+            }
+            None
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let due = SystemClock.now_ms() + 300;
+    let sooner = store.enqueue(request("t", Some(due))).await.unwrap().run;
+    let (at, id) = waiter.await.unwrap().expect("claimed within four waits");
+    assert_eq!(id, sooner.id);
+    let late = at - due;
+    eprintln!("a sooner run: claimed {late} ms after its due time");
+    assert!((0..1_000).contains(&late), "claimed {late} ms after due");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,11 +15,14 @@ local function push_tokens(key, n)
   redis.call('LTRIM', key, 0, @WAKEMAX@ - 1)
 end
 
-local function set_due(key, tenant, ns, wake)
+-- `old`: the tenant's entry in `key` when the caller knows it ('' or false: none), else
+-- nil (read here).
+local function set_due(key, tenant, ns, wake, old)
   if ns == '' then
     redis.call('ZREM', key, tenant)
   else
-    local old = redis.call('ZSCORE', key, tenant)
+    if old == nil then old = redis.call('ZSCORE', key, tenant) end
+    if old == '' then old = false end
     redis.call('ZADD', key, ns, tenant)
     -- An earlier due time: waiters must recompute how long they sleep.
     if (not old or tonumber(ns) < tonumber(old)) and wake < 1 then wake = 1 end
@@ -27,9 +30,10 @@ local function set_due(key, tenant, ns, wake)
   return wake
 end
 
-local function apply_hint(G, tenant, ns, wake, update, qs)
+-- `old`: the due time the tenant published last, when the caller knows it (see set_due).
+local function apply_hint(G, tenant, ns, wake, update, qs, old)
   if not qs then
-    if update then wake = set_due(G .. 'due', tenant, ns, wake) end
+    if update then wake = set_due(G .. 'due', tenant, ns, wake, old) end
     if wake > 0 then push_tokens(G .. 'wake', wake) end
     return
   end

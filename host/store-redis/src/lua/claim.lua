@@ -7,9 +7,9 @@ local THROTTLES = { queued = { @THROTTLES_QUEUED@ }, sleeping = { @THROTTLES_SLE
 local LIMIT, LEASE, WORKER, WORKER_JSON = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], ARGV[8]
 local wake = 0
 TAKES = true
--- The meta fields `publish` reads, read first: a tenant without `mq` has no named queues,
--- and the claim need not list them.
-local META = redis.call('HMGET', KMETA, 'next', 'mq', 'feed')
+-- The tenant's meta (what `publish` reads, and the quotas), read first: a tenant without
+-- `mq` has no named queues, and the claim need not list them.
+local META = tenant_meta()
 if not META[2] then QLIST = {} end
 -- Runs whose worker stopped renewing. What becomes of each (queued again, failed for
 -- good, cancelled) is wasq_core::lifecycle::lease_expired's to say: without transitions

@@ -44,6 +44,7 @@ if queue and queue ~= 'default' then
   redis.call('SADD', KQUEUES, queue)
   -- The tenant publishes per queue from now on (see `publish`).
   redis.call('HSET', KMETA, 'mq', '1')
+  METAH = nil
 else
   redis.call('HDEL', fk, 'queue')
 end

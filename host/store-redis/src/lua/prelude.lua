@@ -66,10 +66,40 @@ local INLINE = @INLINE@
 -- no script changes them (directory.rs writes them from Rust).
 local QUOTA_NAMES = { 'max_running', 'max_queued', 'max_stored_bytes', 'max_run_bytes',
   'max_run_log_bytes' }
+-- The fields of the tenant's `meta` a call reads, in one HMGET, at most once per call
+-- (tenant_meta): what `publish` needs (next, mq, feed), then `qm` and the quotas, which
+-- Rust mirrors there (directory.rs) so that they cost no read of their own: every
+-- enqueue, claim and end needs both. The call keeps the copy current where it writes
+-- one of these fields itself.
+-- (Written out: the library's top level, run when it loads, has no `unpack`.)
+local META_FIELDS = { 'next', 'mq', 'feed', 'qm', 'max_running', 'max_queued',
+  'max_stored_bytes', 'max_run_bytes', 'max_run_log_bytes' }
+local METAH = nil
+local function tenant_meta()
+  if not METAH then METAH = redis.call('HMGET', KMETA, unpack(META_FIELDS)) end
+  return METAH
+end
 local QUOTAS = nil
 local function quota(name)
   if not QUOTAS then
-    local v = redis.call('HMGET', KQUOTAS, unpack(QUOTA_NAMES))
+    local m = tenant_meta()
+    local v = { unpack(m, 5, 4 + #QUOTA_NAMES) }
+    if not m[4] then
+      -- A tenant whose quotas an older wasq mirrored into a hash of their own (`quotas`),
+      -- or that has none: moved into the meta, once.
+      v = redis.call('HMGET', KQUOTAS, unpack(QUOTA_NAMES))
+      local f = { 'qm', '1' }
+      for i, n in ipairs(QUOTA_NAMES) do
+        if v[i] then
+          f[#f + 1] = n
+          f[#f + 1] = v[i]
+        end
+        m[4 + i] = v[i]
+      end
+      redis.call('HSET', KMETA, unpack(f))
+      redis.call('DEL', KQUOTAS)
+      m[4] = '1'
+    end
     QUOTAS = { max_running = tonumber(v[1]), max_queued = tonumber(v[2]),
       max_stored_bytes = tonumber(v[3]), max_run_bytes = tonumber(v[4]),
       max_run_log_bytes = tonumber(v[5]) }
@@ -407,7 +437,7 @@ end
 
 local function flush_feed()
   if #FEEDQ == 0 then return end
-  if FEEDUNTIL == nil then FEEDUNTIL = redis.call('HGET', KMETA, 'feed') end
+  if FEEDUNTIL == nil then FEEDUNTIL = tenant_meta()[3] end
   if not FEEDUNTIL or tonumber(FEEDUNTIL) < NOW then return end
   for i = 1, #FEEDQ, 2 do
     local id = FEEDQ[i]
@@ -724,7 +754,7 @@ local function enter(args)
   ARGV, P, G, NOW, TENANT = args, args[1], args[2], tonumber(args[3]), args[4]
   NOWS = args[3]
   KEY = @KEY_COST@ + #P
-  QUOTAS = nil
+  QUOTAS, METAH = nil, nil
   TDELTA, RDELTA, UEXEC, UFUEL = 0, {}, 0, 0
   QLIST, LANEADD, TAKES, HEADS, MINADD = nil, {}, false, {}, nil
   FEEDQ, FEEDUNTIL = {}, nil

@@ -71,9 +71,10 @@ end
 -- drops updates older than the newest seq it has seen.
 -- Applies what `publish` decided to the global keys (single node) or returns it for the
 -- caller to apply (Cluster): see `publish`.
-local function send_hint(seq, ns, wake, update, qs)
+-- `old`: see apply_hint.
+local function send_hint(seq, ns, wake, update, qs, old)
   if G ~= '' then
-    apply_hint(G, TENANT, ns, wake, update, qs)
+    apply_hint(G, TENANT, ns, wake, update, qs, old)
     return false
   end
   local out = { seq, ns, wake }
@@ -95,7 +96,7 @@ local function only_later(published)
   return redis.call('ZCARD', KQ) == 0
 end
 
--- `h`: the meta fields next, mq and feed when the caller read them already.
+-- `h`: the tenant's meta (tenant_meta), when the caller has it.
 -- A due time that can only have moved later stays published as it was: published early,
 -- it costs one visit that finds nothing, and a claim that takes nothing publishes the
 -- truth (`force`). Publishing it at once cost a run that ends on an idle queue seven
@@ -103,7 +104,7 @@ end
 -- many. Tenants with named queues publish every change.
 local function publish(wake, force, h)
   local meta = KMETA
-  h = h or redis.call('HMGET', meta, 'next', 'mq', 'feed')
+  h = h or tenant_meta()
   local multi = h[2] ~= false
   FEEDUNTIL = h[3]
   if not force and not multi and wake == 0 and next(LANEADD) == nil and only_later(h[1]) then
@@ -142,21 +143,24 @@ local function publish(wake, force, h)
   elseif not changed and wake == 0 then
     return false
   end
-  local seq = 0
+  -- On a single node only this tenant's calls write its entry in `due`, each after
+  -- writing the same time to `next`: what `next` held is the entry (no ZSCORE).
+  local seq, was = 0, h[1]
   if changed then
     -- The sequence orders hints on Cluster (see hint.lua); a single node applies the
     -- hint here, in order, and needs none.
     if G == '' then seq = redis.call('HINCRBY', meta, 'seq', '1') end
     redis.call('HSET', meta, 'next', ns)
+    h[1] = ns
   end
-  return send_hint(seq, ns, wake, changed, qs)
+  return send_hint(seq, ns, wake, changed, qs, was)
 end
 
 -- `publish` after a transition that only added runs due now (an enqueue): they cannot
 -- make a due time later, so when the tenant's (and their queues') are 'now' already only
 -- the wake-ups are left to do.
 local function publish_added(wake)
-  local h = redis.call('HMGET', KMETA, 'next', 'mq', 'feed')
+  local h = tenant_meta()
   FEEDUNTIL = h[3]
   if h[1] ~= '0' then return publish(wake, false, h) end
   local qs = nil
