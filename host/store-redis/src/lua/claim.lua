@@ -172,16 +172,16 @@ while #out < room and parks > 0 do
     -- (wasq_core::lifecycle::claimed_attempt) as a table by status, CLAIM_STEP.
     local step = CLAIM_STEP[status]
     local n, resumed = math.max(tonumber(attempt) + step[1], step[3]), step[2]
-    -- The new execution's record (kept in the hash until it ends: open_execution) is
-    -- charged to the run within the move (its fields hold no blob, so the move charges
-    -- nothing itself) and to the tenant once per claim.
+    -- The new execution's record is charged to the run within the move (its fields hold
+    -- no blob, so the move charges nothing itself) and to the tenant once per claim.
     local lease = { status = 'running', updated_at = NOWS, attempt = I(n),
       lease_expires_at = EXPIRES, lease_token = I(tonumber(r.lease_token or '0') + 1),
       sbytes = I(tonumber(r.sbytes or '0') + ATT_COST) }
     move(id, 'running', { 'attempt', lease.attempt, 'resumed', resumed,
-      'lease_expires_at', lease.lease_expires_at, 'worker', WORKER, 'astart', NOWS,
+      'lease_expires_at', lease.lease_expires_at, 'worker', WORKER,
       'lease_token', lease.lease_token, 'sbytes', lease.sbytes },
       { status, r.created_at, r.wait_event, r.wait_run, cgate, r.parked, r.qu }, nil, from)
+    redis.call('RPUSH', P .. 'att:' .. id, lease.attempt .. '|' .. NOWS .. '|' .. WORKER_JSON)
     claimed_bytes = claimed_bytes + ATT_COST
     -- The run as the move left it: what it read, with what the move wrote (`move` sets
     -- status, updated_at and these fields, and drops `parked`, which replies leave out).

@@ -76,11 +76,10 @@ local function finish(e)
   local rk = runkey(id)
   -- MOVE_FIELDS first (handed to the one move of this run below), then the lease and the
   -- flags that pick the transition, then the blobs the transition sets or drops (their
-  -- lengths spare `apply` an HSTRLEN each; they are nearly always absent), then the
-  -- execution the end closes (open_execution).
+  -- lengths spare `apply` an HSTRLEN each; they are nearly always absent).
   local m = redis.call('HMGET', rk, 'status', 'created_at', 'wait_event', 'wait_run', 'cgate',
     'parked', 'qu', 'lease_token', 'resumed', 'cancel_requested', 'error', 'output',
-    'resolution', 'nosteps', 'attempt', 'astart', 'worker')
+    'resolution', 'nosteps', 'attempt')
   if not m[1] then return { 'not_found' } end
   if m[1] ~= 'running' or m[8] ~= e.token then return { 'lease_lost' } end
   local t = read_transition(e.t)
@@ -113,7 +112,7 @@ local function finish(e)
   if t.status == 'waiting' then extra = { 'wait', ARGV[e.wait], 'wait_step', ARGV[e.wait + 1] } end
   local lens = {}
   for i, f in ipairs({ 'error', 'output', 'resolution' }) do lens[f] = m[10 + i] and #m[10 + i] or 0 end
-  if apply(id, t, m, extra, lens, { m[15], m[16], m[17] }) then wake = wake + 1 end
+  if apply(id, t, m, extra, lens) then wake = wake + 1 end
   local status = t.status
   if status == 'waiting' then
     local W = e.wait

@@ -549,44 +549,16 @@ local function move(id, status, fields, pre, lens, from)
   end
 end
 
--- An execution is kept in the run's hash while it runs (`astart`, with `attempt` and
--- `worker`) and pushed to its attempts list, whole, when it ends: one command where a
--- push at the claim and a rewrite at the end took three. An execution started before
--- (no `astart`) is the list's last element. `open`: the run's attempt, astart and worker
--- when the caller read them, else nil (read here).
-local function open_execution(id, open)
-  return open or redis.call('HMGET', runkey(id), 'attempt', 'astart', 'worker')
-end
-
--- Ends the run's latest execution.
-local function close_attempt(id, err, fuel, suspended, open)
-  local ended = NOWS .. '|' .. fuel .. '|' .. suspended .. '|' .. err
+-- Ends the run's latest execution (the last element of its attempts list).
+local function close_attempt(id, err, fuel, suspended)
   local ak = P .. 'att:' .. id
-  open = open_execution(id, open)
-  if open[2] then
-    redis.call('RPUSH', ak, (open[1] or '0') .. '|' .. open[2] .. '|' .. cjson.encode(open[3] or '')
-      .. '\n' .. ended)
-  else
-    local last = redis.call('LINDEX', ak, '-1')
-    if not last then return end
-    redis.call('LSET', ak, '-1', string.match(last, '^[^\n]*') .. '\n' .. ended)
+  local last = redis.call('LINDEX', ak, '-1')
+  if last then
+    last = string.match(last, '^[^\n]*')
+    redis.call('LSET', ak, '-1', last .. '\n' .. NOWS .. '|' .. fuel .. '|' .. suspended .. '|' .. err)
+    -- Never refused: a run over its quota must still be able to fail.
+    charge(id, #err)
   end
-  -- Never refused: a run over its quota must still be able to fail.
-  charge(id, #err)
-end
-
--- Forgets the run's latest execution (handed back unstarted), giving back its charge.
-local function drop_attempt(id, open)
-  open = open_execution(id, open)
-  local worker
-  if open[2] then
-    worker = cjson.encode(open[3] or '')
-  else
-    local att = redis.call('RPOP', P .. 'att:' .. id)
-    if not att then return end
-    worker = string.match(att, '^[^|]*|[^|]*|(.*)$') or ''
-  end
-  charge(id, -(C_ATT + #worker))
 end
 
 -- What a new step costs: its field twice (the hash and the order list) and its output;
@@ -692,21 +664,24 @@ local function read_transition(i)
 end
 
 -- Writes transition `t` of run `id`: its history, its tenant's usage, its hash and every
--- index (`move`, which takes `pre`, `extra` fields and the blobs' `lens`; `open`: see
--- open_execution). It decides nothing: whatever the
+-- index (`move`, which takes `pre`, `extra` fields and the blobs' `lens`). It decides nothing: whatever the
 -- transition says is stored. Returns whether the run is now claimable at once.
-local function apply(id, t, pre, extra, lens, open)
+local function apply(id, t, pre, extra, lens)
   local rk = runkey(id)
   if t.exec == 'close' then
-    close_attempt(id, t.eerr, t.efuel, t.esusp, open)
+    close_attempt(id, t.eerr, t.efuel, t.esusp)
   elseif t.exec == 'drop' then
-    drop_attempt(id, open)
+    local att = redis.call('RPOP', P .. 'att:' .. id)
+    if att then
+      local worker = string.match(att, '^[^|]*|[^|]*|(.*)$') or ''
+      charge(id, -(C_ATT + #worker))
+    end
   end
   if t.uexec == '1' then
     UEXEC = UEXEC + 1
     if t.ufuel ~= '' then UFUEL = UFUEL + tonumber(t.ufuel) end
   end
-  local fields, gone = extra or {}, { 'lease_expires_at', 'worker', 'astart' }
+  local fields, gone = extra or {}, { 'lease_expires_at', 'worker' }
   local function set(k, v) fields[#fields + 1] = k; fields[#fields + 1] = v end
   if t.errmode == 's' then set('error', t.err) elseif t.errmode == 'c' then gone[#gone + 1] = 'error' end
   if t.hasout == '1' then set('output', t.out) end
