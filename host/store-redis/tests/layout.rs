@@ -29,9 +29,14 @@ async fn store(url: &str) -> RedisStore {
 
 /// Deploys function "f" of tenant "t" with `settings`.
 async fn deploy_with(store: &RedisStore, settings: FunctionSettings) {
+    deploy_to(store, "t", settings).await;
+}
+
+/// Deploys function "f" of `tenant` with `settings`.
+async fn deploy_to(store: &RedisStore, tenant: &str, settings: FunctionSettings) {
     store
         .deploy(DeployRequest {
-            tenant: "t".into(),
+            tenant: tenant.into(),
             name: "f".into(),
             digest: "d".into(),
             component: b"c".to_vec(),
@@ -47,20 +52,25 @@ async fn deploy(store: &RedisStore) {
     deploy_with(store, settings()).await;
 }
 
+/// A run of function "f" of `tenant`.
+fn request(tenant: &str, input: &[u8]) -> EnqueueRequest {
+    EnqueueRequest {
+        tenant: tenant.into(),
+        function: "f".into(),
+        input: input.to_vec(),
+        trigger: "api".into(),
+        due_at: None,
+        idempotency_key: None,
+        retry: None,
+        parent: None,
+        priority: None,
+        trace: None,
+    }
+}
+
 async fn enqueue(store: &RedisStore, input: &[u8]) -> Run {
     store
-        .enqueue(EnqueueRequest {
-            tenant: "t".into(),
-            function: "f".into(),
-            input: input.to_vec(),
-            trigger: "api".into(),
-            due_at: None,
-            idempotency_key: None,
-            retry: None,
-            parent: None,
-            priority: None,
-            trace: None,
-        })
+        .enqueue(request("t", input))
         .await
         .expect("enqueue")
         .run
@@ -501,19 +511,7 @@ async fn quotas_live_in_the_tenants_meta_and_older_ones_move_there() {
     assert_eq!(server.cli(&["HGET", &meta, "qm"]).trim(), "1");
     assert_eq!(server.cli(&["HGET", &meta, "max_queued"]).trim(), "2");
     enqueue(&store, b"2").await;
-    let refused = store.enqueue(EnqueueRequest {
-        tenant: "t".into(),
-        function: "f".into(),
-        input: b"3".to_vec(),
-        trigger: "api".into(),
-        due_at: None,
-        idempotency_key: None,
-        retry: None,
-        parent: None,
-        priority: None,
-        trace: None,
-    });
-    match refused.await {
+    match store.enqueue(request("t", b"3")).await {
         Err(StoreError::QuotaExceeded { message, .. }) => {
             assert!(message.contains("has 2 runs queued"), "{message}")
         }
@@ -522,32 +520,12 @@ async fn quotas_live_in_the_tenants_meta_and_older_ones_move_there() {
 
     // A tenant nobody gave quotas (none in either place) is unlimited, and says so.
     let other = store.tenant_prefix("u");
-    store
-        .deploy(DeployRequest {
-            tenant: "u".into(),
-            name: "f".into(),
-            digest: "d".into(),
-            component: b"c".to_vec(),
-            settings: settings(),
-            events: vec![],
-            schedule: None,
-        })
-        .await
-        .unwrap();
+    deploy_to(&store, "u", settings()).await;
     for i in 0..3 {
-        let req = EnqueueRequest {
-            tenant: "u".into(),
-            function: "f".into(),
-            input: vec![b'0' + i],
-            trigger: "api".into(),
-            due_at: None,
-            idempotency_key: None,
-            retry: None,
-            parent: None,
-            priority: None,
-            trace: None,
-        };
-        store.enqueue(req).await.expect("no quota");
+        store
+            .enqueue(request("u", &[b'0' + i]))
+            .await
+            .expect("no quota");
     }
     let meta = format!("{other}meta");
     assert_eq!(server.cli(&["HGET", &meta, "qm"]).trim(), "1");
