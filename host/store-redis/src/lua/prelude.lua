@@ -62,8 +62,9 @@ local function mem(n)
   return math.ceil(need / class) * class
 end
 local INLINE = @INLINE@
--- The tenant's quotas, read once per script call (one HMGET for all five) on first use;
--- no script changes them (directory.rs writes them from Rust).
+-- The tenant's quotas, read once per script call (with the meta: tenant_meta) on first
+-- use; directory.rs writes them from Rust, and no script changes them (one only moves
+-- those an older wasq kept elsewhere: `quota`).
 local QUOTA_NAMES = { 'max_running', 'max_queued', 'max_stored_bytes', 'max_run_bytes',
   'max_run_log_bytes' }
 -- The fields of the tenant's `meta` a call reads, in one HMGET, at most once per call
@@ -71,9 +72,9 @@ local QUOTA_NAMES = { 'max_running', 'max_queued', 'max_stored_bytes', 'max_run_
 -- Rust mirrors there (directory.rs) so that they cost no read of their own: every
 -- enqueue, claim and end needs both. The call keeps the copy current where it writes
 -- one of these fields itself.
--- (Written out: the library's top level, run when it loads, has no `unpack`.)
-local META_FIELDS = { 'next', 'mq', 'feed', 'qm', 'max_running', 'max_queued',
-  'max_stored_bytes', 'max_run_bytes', 'max_run_log_bytes' }
+-- (Built with a plain loop: the library's top level, run when it loads, has no `unpack`.)
+local META_FIELDS = { 'next', 'mq', 'feed', 'qm' }
+for i = 1, #QUOTA_NAMES do META_FIELDS[4 + i] = QUOTA_NAMES[i] end
 local METAH = nil
 local function tenant_meta()
   if not METAH then METAH = redis.call('HMGET', KMETA, unpack(META_FIELDS)) end
