@@ -92,11 +92,16 @@ impl Counted {
 
     /// Redis's `used_memory`, bytes.
     fn used_memory(&self) -> i64 {
+        self.memory_field("used_memory")
+    }
+
+    /// A field of `INFO memory`, bytes.
+    fn memory_field(&self, name: &str) -> i64 {
         let info = self.cli(&["INFO", "memory"]);
         info.lines()
-            .find_map(|l| l.strip_prefix("used_memory:"))
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
             .and_then(|v| v.trim().parse().ok())
-            .expect("INFO memory has used_memory")
+            .unwrap_or_else(|| panic!("INFO memory has {name}"))
     }
 
     fn control(&self, flag: &str) {
@@ -378,6 +383,9 @@ fn main() {
     let (step_enqueue, step_drain, _) = rt.block_on(wasq(&redis, n, "one_step"));
     redis.cli(&["FLUSHALL"]);
     let one_at_a_time = rt.block_on(serial(&redis, n));
+    // The Lua heap of the functions engine, where the scripts' garbage waits for the
+    // collector (the library's pause: `enter` in prelude.lua).
+    let lua_memory = redis.memory_field("used_memory_vm_functions");
     redis.cli(&["FLUSHALL"]);
     redis.cli(&["FUNCTION", "FLUSH"]);
     let bull = bullmq(&redis, n, "drain.mjs");
@@ -413,6 +421,10 @@ fn main() {
     );
     println!("  Redis memory per queued run (a ~10-byte input): {memory:.0} B");
     println!(
+        "  the functions' Lua heap after wasq's phases: {} KiB",
+        lua_memory / 1024
+    );
+    println!(
         "  ratio wasq ÷ BullMQ, whole life: no-op {:.2}, one step {:.2}",
         (enqueue + drain) / bull,
         (step_enqueue + step_drain) / bull
@@ -427,6 +439,7 @@ fn main() {
             "bullmq": bull,
             "one_at_a_time": { "wasq": one_at_a_time, "bullmq": bull_one_at_a_time },
             "memory_per_queued_run": memory,
+            "lua_heap_bytes": lua_memory,
         }),
     );
 }

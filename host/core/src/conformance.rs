@@ -107,6 +107,11 @@ fn scenarios<S: Store + Directory + Workers>() -> Vec<(&'static str, &'static st
             |s, c| Box::pin(ends::end_attempts(s, c)),
         ),
         (
+            "end_steps_replay",
+            "steps stored with ends that retry are replayed to the next attempt",
+            |s, c| Box::pin(ends::end_steps_replay(s, c)),
+        ),
+        (
             "end_attempts_quota",
             "an end over a storage quota stores nothing and keeps its lease",
             |s, c| Box::pin(ends::end_attempts_quota(s, c)),
@@ -415,6 +420,7 @@ macro_rules! conformance_tests {
             release,
             end_attempt,
             end_attempts,
+            end_steps_replay,
             end_attempts_quota,
             end_attempts_usage,
             renew,

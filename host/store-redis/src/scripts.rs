@@ -208,7 +208,8 @@ impl Library {
 
 pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
     let mut code = format!(
-        "{}\n{}\n{}\n{}\n",
+        "{}\n{}\n{}\n{}\n{}\n",
+        include_str!("lua/builtins.lua"),
         include_str!("lua/apply_hint.lua"),
         include_str!("lua/prelude.lua"),
         include_str!("lua/publish.lua"),
@@ -268,7 +269,8 @@ fn lua_strings(items: &[&str]) -> String {
 /// KEYS[1] = G..'due'; ARGV: G, tenant, seq (0 = no hint change), next ('' = none), wake.
 pub(crate) static HINT: LazyLock<Script> = LazyLock::new(|| {
     script(&format!(
-        "{}\n{}",
+        "{}\nrcall, tonumber, ipairs, pairs, unpack, sformat = builtins()\n{}\n{}",
+        include_str!("lua/builtins.lua"),
         include_str!("lua/apply_hint.lua"),
         include_str!("lua/hint.lua")
     ))

@@ -111,10 +111,45 @@ pub(super) async fn end_attempts(store: impl Store, _clock: ManualClock) {
         detail(&store, &stale.id).await.run.status,
         RunStatus::Succeeded
     );
-    // A replayed run finds the step the end stored.
+    // The run that failed retryably is claimed again (what it replays: end_steps_replay).
     let c = claim(&store, "w", 1).await.remove(0);
     assert_eq!(c.run.id, b.id);
     assert!(store.end_attempts(vec![]).await.is_empty());
+}
+
+/// Steps stored with ends that retry are replayed to the next attempt, in the order they
+/// completed, as steps recorded on their own are: an end that stores a run's first step
+/// must leave the run marked as having steps, or the next claim would not look for them.
+pub(super) async fn end_steps_replay(store: impl Store, _clock: ManualClock) {
+    deploy_fn(&store, "f", "d", 3).await;
+    let run = enqueue(&store, "f", "{}").await;
+    let retry = || failed(ErrorReason::Retryable, Some(0));
+    let mut seen = vec![];
+    for name in ["first", "second"] {
+        let c = claim(&store, "w", 1).await.remove(0);
+        assert_eq!(c.run.id, run.id);
+        let replayed: Vec<_> = c.steps.iter().map(|s| s.name.clone()).collect();
+        assert_eq!(
+            replayed, seen,
+            "attempt {} replays the steps before it",
+            c.run.attempt
+        );
+        let output = format!("\"{name}\"").into_bytes();
+        let answers = store
+            .end_attempts(vec![end(&c, vec![step(name, &output, vec![])], retry())])
+            .await;
+        assert_eq!(answers[0].as_ref().unwrap(), &RunStatus::Queued);
+        seen.push(name.to_owned());
+    }
+    let c = claim(&store, "w", 1).await.remove(0);
+    let replayed: Vec<_> = c.steps.iter().map(|s| s.name.clone()).collect();
+    assert_eq!(replayed, ["first", "second"]);
+    assert_eq!(
+        c.steps[0].output.as_deref(),
+        Some(&b"\"first\""[..]),
+        "the output comes along"
+    );
+    assert_eq!(detail(&store, &run.id).await.steps_total, 2);
 }
 
 /// An end over a storage quota (its steps and output together) stores nothing, and the

@@ -16,10 +16,10 @@ end
 -- Whether the debounce key of `fl`, or the status and attempt of the run it points to,
 -- moved since Rust read them (fl.dprev, fl.dver).
 local function debounce_moved(fl)
-  local prev = redis.call('HGET', KDEB, fl.dgate)
+  local prev = rcall('HGET', KDEB, fl.dgate)
   if (prev or '') ~= fl.dprev then return true end
   if not prev then return false end
-  local r = redis.call('HMGET', runkey(prev), 'status', 'attempt')
+  local r = rcall('HMGET', runkey(prev), 'status', 'attempt')
   return (r[1] or '') .. '|' .. (r[2] or '') ~= fl.dver
 end
 
@@ -53,20 +53,20 @@ end
 -- { status, due_at, digest, max_attempts, sbytes }.
 local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max, parent, trace, sv, fl)
   local fk = P .. 'fn:' .. fname
-  local f = redis.call('HMGET', fk, 'digest', 'sv', 'max_attempts', 'queue')
+  local f = rcall('HMGET', fk, 'digest', 'sv', 'max_attempts', 'queue')
   if not f[1] then return nil, false, 'not_found', 0 end
   if not f[2] then f[2] = settings_version(fk) end
   if f[2] ~= sv then return nil, false, 'stale', 0 end
   local ik = P .. 'idem:' .. fname
   if idem ~= '' then
-    local v = redis.call('HGET', ik, idem)
+    local v = rcall('HGET', ik, idem)
     if v then
       local sep = string.find(v, ':', 1, true)
       local created, old = tonumber(string.sub(v, 1, sep - 1)), string.sub(v, sep + 1)
-      local exists = redis.call('EXISTS', runkey(old)) == 1
+      local exists = rcall('EXISTS', runkey(old)) == 1
       if exists and created > NOW - WINDOW then return old, false, nil, 0 end
       -- Past its window the key is free again; the old run keeps its history.
-      if exists then redis.call('HDEL', runkey(old), 'idempotency_key') end
+      if exists then rcall('HDEL', runkey(old), 'idempotency_key') end
     end
   end
   local status = 'queued'
@@ -86,7 +86,7 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
     local maxq = quota('max_queued')
     local adding = 1
     if replaced then adding = 0 end
-    if maxq and redis.call('ZCARD', P .. 'st:queued') + adding > maxq * tonumber(fl.enforce) then
+    if maxq and rcall('ZCARD', P .. 'st:queued') + adding > maxq * tonumber(fl.enforce) then
       return nil, false, 'quota', 0
     end
   end
@@ -101,7 +101,7 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
   if f[4] then cost = cost + mem(#f[4]) end
   local full = run_full(id, 0, cost)
   if full then return nil, false, full, 0 end
-  if idem ~= '' then redis.call('HSET', ik, idem, NOWS .. ':' .. id) end
+  if idem ~= '' then rcall('HSET', ik, idem, NOWS .. ':' .. id) end
   local woke = 0
   if replaced then
     move(replaced, 'skipped', { 'error', fl.derr, 'finished_at', NOWS, 'resolution', fl.dres })
@@ -111,7 +111,7 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
   if status == 'skipped' then due = NOWS end
   if status == 'queued' and fl.dgate ~= '' then
     if tonumber(due) < NOW + tonumber(fl.dperiod) then due = I(NOW + tonumber(fl.dperiod)) end
-    redis.call('HSET', KDEB, fl.dgate, id)
+    rcall('HSET', KDEB, fl.dgate, id)
   end
   local max = f[3]
   if retry ~= '' then max = retry_max end
@@ -159,18 +159,18 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
   if unpacked then add('up', '1') end
   -- A longer input last: a scan for any other field stops before it.
   if #input > PACKED_MAX and not input_pieces(input, fields) then
-    redis.call('SET', inkey(id), input)
+    rcall('SET', inkey(id), input)
   end
-  if parent ~= '' then redis.call('ZADD', P .. 'kids:' .. parent, NOWS, id) end
-  redis.call('HSET', runkey(id), unpack(fields))
+  if parent ~= '' then rcall('ZADD', P .. 'kids:' .. parent, NOWS, id) end
+  rcall('HSET', runkey(id), unpack(fields))
   feed_note(id, status)
   charge(nil, cost)
   -- The component stays while a run pins it (see collect_components in lib.rs).
-  redis.call('HINCRBY', KRDIG, pin(f[1], sv), '1')
-  redis.call('ZADD', P .. 'byfn:' .. fname, NOWS, id)
-  redis.call('ZADD', stkey(status), NOWS, id)
+  rcall('HINCRBY', KRDIG, pin(f[1], sv), '1')
+  rcall('ZADD', P .. 'byfn:' .. fname, NOWS, id)
+  rcall('ZADD', stkey(status), NOWS, id)
   if status == 'skipped' then
-    redis.call('ZADD', KENDOK, NOWS, id)
+    rcall('ZADD', KENDOK, NOWS, id)
   else
     if tonumber(due) <= NOW then
       local rank = due

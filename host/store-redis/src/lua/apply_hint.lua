@@ -8,22 +8,22 @@
 -- while no worker waits, as when all are busy, an enqueue costs an LLEN, not a push and
 -- a trim.
 local function push_tokens(key, n)
-  if redis.call('LLEN', key) >= @WAKEMAX@ then return end
+  if rcall('LLEN', key) >= @WAKEMAX@ then return end
   local tokens = {}
   for i = 1, math.min(n, @WAKEMAX@) do tokens[i] = '1' end
-  redis.call('LPUSH', key, unpack(tokens))
-  redis.call('LTRIM', key, 0, @WAKEMAX@ - 1)
+  rcall('LPUSH', key, unpack(tokens))
+  rcall('LTRIM', key, 0, @WAKEMAX@ - 1)
 end
 
 -- `old`: the tenant's entry in `key` when the caller knows it ('' or false: none), else
 -- nil (read here).
 local function set_due(key, tenant, ns, wake, old)
   if ns == '' then
-    redis.call('ZREM', key, tenant)
+    rcall('ZREM', key, tenant)
   else
-    if old == nil then old = redis.call('ZSCORE', key, tenant) end
+    if old == nil then old = rcall('ZSCORE', key, tenant) end
     if old == '' then old = false end
-    redis.call('ZADD', key, ns, tenant)
+    rcall('ZADD', key, ns, tenant)
     -- An earlier due time: waiters must recompute how long they sleep.
     if (not old or tonumber(ns) < tonumber(old)) and wake < 1 then wake = 1 end
   end
@@ -39,7 +39,7 @@ local function apply_hint(G, tenant, ns, wake, update, qs, old)
   end
   if update then
     -- It had only the default queue until a deploy named another.
-    redis.call('ZREM', G .. 'due', tenant)
+    rcall('ZREM', G .. 'due', tenant)
     wake = set_due(G .. 'dueq', tenant, ns, wake)
   end
   if wake > 0 then push_tokens(G .. 'wake', wake) end

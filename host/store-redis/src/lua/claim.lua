@@ -23,7 +23,7 @@ local expired = due_members(KLEASES, '@REAP_BATCH@')
 if ARGV[10] == '' then
   local need = {}
   for _, id in ipairs(expired) do
-    local r = redis.call('HMGET', runkey(id), 'status', 'lease_token', 'worker', 'attempt',
+    local r = rcall('HMGET', runkey(id), 'status', 'lease_token', 'worker', 'attempt',
       'max_attempts', 'cancel_requested')
     if r[1] == 'running' then
       need[#need + 1] = { id, r[2], r[3] or '', r[4], r[5], r[6] or '0' }
@@ -39,9 +39,9 @@ if ARGV[10] ~= '' then
   end
 end
 for _, id in ipairs(expired) do
-  local r = redis.call('HMGET', runkey(id), 'status', 'lease_token')
+  local r = rcall('HMGET', runkey(id), 'status', 'lease_token')
   if r[1] ~= 'running' then
-    redis.call('ZREM', KLEASES, id)
+    rcall('ZREM', KLEASES, id)
   elseif given[id] and given[id][1] == r[2] then
     if apply(id, read_transition(given[id][2])) then wake = wake + 1 end
     wake = wake + resolve_waiters_of(id)
@@ -49,11 +49,11 @@ for _, id in ipairs(expired) do
 end
 -- Waits whose time is up resolve as timed out.
 for _, id in ipairs(due_members(KTIMEOUTS, '@REAP_BATCH@')) do
-  if redis.call('HGET', runkey(id), 'status') == 'waiting' then
+  if rcall('HGET', runkey(id), 'status') == 'waiting' then
     resolve_wait(id, @TIMED_OUT@)
     wake = wake + 1
   else
-    redis.call('ZREM', KTIMEOUTS, id)
+    rcall('ZREM', KTIMEOUTS, id)
   end
 end
 -- Throttle windows that opened: as many parked runs as they have room for go back into
@@ -61,39 +61,39 @@ end
 -- window opens next (counting the let-through runs as started now).
 for _, gate in ipairs(due_members(KGTIMER, '@REAP_BATCH@')) do
   local pk = P .. 'park:' .. gate
-  local cfg = redis.call('HGET', KTCFG, gate)
+  local cfg = rcall('HGET', KTCFG, gate)
   local again = nil
-  if cfg and redis.call('ZCARD', pk) > 0 then
+  if cfg and rcall('ZCARD', pk) > 0 then
     local sep = string.find(cfg, '|', 1, true)
     local limit, period = tonumber(string.sub(cfg, 1, sep - 1)), tonumber(string.sub(cfg, sep + 1))
     local n, oldest = 0, NOW
-    for i, t in ipairs(redis.call('LRANGE', P .. 'win:' .. gate, 0, limit - 1)) do
+    for i, t in ipairs(rcall('LRANGE', P .. 'win:' .. gate, 0, limit - 1)) do
       if tonumber(t) <= NOW - period then break end
       n, oldest = i, tonumber(t)
     end
     if limit > n then
-      local p = redis.call('ZPOPMIN', pk, limit - n)
+      local p = rcall('ZPOPMIN', pk, limit - n)
       for i = 1, #p, 2 do unpark(p[i], p[i + 1]) end
     end
-    if redis.call('ZCARD', pk) > 0 then again = math.max(oldest + period, NOW + 1) end
+    if rcall('ZCARD', pk) > 0 then again = math.max(oldest + period, NOW + 1) end
   end
   if again then
     zadd_maint(KGTIMER, I(again), gate)
   else
-    redis.call('ZREM', KGTIMER, gate)
-    redis.call('HDEL', KTCFG, gate)
+    rcall('ZREM', KGTIMER, gate)
+    rcall('HDEL', KTCFG, gate)
   end
 end
 -- Due runs enter the lane, ranked by due time + priority offset.
 -- (Workers of another queue learn of them from the due times published after.)
 for _, id in ipairs(due_members(KREADY, '@PROMOTE_BATCH@')) do
-  local h = redis.call('HMGET', runkey(id), 'due_at', 'rank_offset', 'qu')
-  redis.call('ZREM', KREADY, id)
-  redis.call('ZADD', lane(h[3] or nil), I(tonumber(h[1]) + tonumber(h[2] or '0')), id)
+  local h = rcall('HMGET', runkey(id), 'due_at', 'rank_offset', 'qu')
+  rcall('ZREM', KREADY, id)
+  rcall('ZADD', lane(h[3] or nil), I(tonumber(h[1]) + tonumber(h[2] or '0')), id)
 end
 local room = LIMIT
 local maxr = quota('max_running')
-if maxr then room = math.min(room, maxr - redis.call('ZCARD', KLEASES)) end
+if maxr then room = math.min(room, maxr - rcall('ZCARD', KLEASES)) end
 local out = {}
 local parks = @PARK_BUDGET@
 local ATT_COST, claimed_bytes = C_ATT + #WORKER_JSON, 0
@@ -120,7 +120,7 @@ local function next_head()
   if merged then
     local best, bscore, bkey = nil, nil, nil
     for _, k in ipairs(lanes) do
-      local h = redis.call('ZRANGE', k, '0', '0', 'WITHSCORES')
+      local h = rcall('ZRANGE', k, '0', '0', 'WITHSCORES')
       if h[1] then
         local sc = tonumber(h[2])
         if not best or sc < bscore or (sc == bscore and h[1] < best) then
@@ -134,7 +134,7 @@ local function next_head()
   while li <= #lanes do
     if hi > #head and not last then
       local want = math.min(room - #out, 100)
-      head, hi = redis.call('ZRANGE', lanes[li], 0, want - 1, 'WITHSCORES'), 1
+      head, hi = rcall('ZRANGE', lanes[li], 0, want - 1, 'WITHSCORES'), 1
       last = #head < 2 * want
     end
     if head[hi] then
@@ -157,13 +157,13 @@ while #out < room and parks > 0 do
     if attempt == '0' then throttled = THROTTLES[status][1] else throttled = THROTTLES[status][2] end
   end
   if status ~= 'queued' and status ~= 'sleeping' then
-    redis.call('ZREM', from, id)
-  elseif cgate and redis.call('SCARD', P .. 'crun:' .. cgate) >= tonumber(climit) then
+    rcall('ZREM', from, id)
+  elseif cgate and rcall('SCARD', P .. 'crun:' .. cgate) >= tonumber(climit) then
     park(id, cgate, score, r.qu)
     parks = parks - 1
   elseif throttled and window_full(tgate, tonumber(tlimit), tonumber(tperiod)) then
     park(id, tgate, score, r.qu)
-    redis.call('HSET', KTCFG, tgate, tlimit .. '|' .. tperiod)
+    rcall('HSET', KTCFG, tgate, tlimit .. '|' .. tperiod)
     zadd_maint(KGTIMER, I(window_full(tgate, tonumber(tlimit), tonumber(tperiod))), tgate, 'LT')
     parks = parks - 1
   else
@@ -181,7 +181,7 @@ while #out < room and parks > 0 do
       'lease_expires_at', lease.lease_expires_at, 'worker', WORKER,
       'lease_token', lease.lease_token, 'sbytes', lease.sbytes },
       { status, r.created_at, r.wait_event, r.wait_run, cgate, r.parked, r.qu }, nil, from)
-    redis.call('RPUSH', P .. 'att:' .. id, lease.attempt .. '|' .. NOWS .. '|' .. WORKER_JSON)
+    rcall('RPUSH', P .. 'att:' .. id, lease.attempt .. '|' .. NOWS .. '|' .. WORKER_JSON)
     claimed_bytes = claimed_bytes + ATT_COST
     -- The run as the move left it: what it read, with what the move wrote (`move` sets
     -- status, updated_at and these fields, and drops `parked`, which replies leave out).
@@ -197,8 +197,8 @@ end
 charge(nil, claimed_bytes)
 -- Wake other workers only for what this claim left behind.
 if wake > 0 then
-  local left = redis.call('ZCARD', KQ)
-  for _, q in ipairs(other_queues()) do left = left + redis.call('ZCARD', lane(q)) end
+  local left = rcall('ZCARD', KQ)
+  for _, q in ipairs(other_queues()) do left = left + rcall('ZCARD', lane(q)) end
   wake = math.min(wake, left)
 end
 -- A visit that found nothing republishes anyway, repairing a stale global hint.

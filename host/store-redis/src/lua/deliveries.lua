@@ -16,44 +16,44 @@ if op == 'add' then
     local o = 7 + j * 5
     local id, run = ARGV[o], ARGV[o + 1]
     local k = P .. 'dlv:' .. id
-    if redis.call('EXISTS', k) == 0 then
-      redis.call('HSET', k, 'run', run, 'url', ARGV[o + 2], 'event', ARGV[o + 3],
+    if rcall('EXISTS', k) == 0 then
+      rcall('HSET', k, 'run', run, 'url', ARGV[o + 2], 'event', ARGV[o + 3],
         'payload', ARGV[o + 4], 'status', 'pending', 'tries', '0', 'next_at', NOWS,
         'token', '0', 'created_at', NOWS, 'updated_at', NOWS)
-      redis.call('ZADD', KDQ, NOWS, id)
-      redis.call('RPUSH', P .. 'dlvrun:' .. run, id)
+      rcall('ZADD', KDQ, NOWS, id)
+      rcall('RPUSH', P .. 'dlvrun:' .. run, id)
     end
   end
 elseif op == 'claim' then
   local until_ = I(NOW + tonumber(ARGV[7]))
-  local due = redis.call('ZRANGEBYSCORE', KDQ, '-inf', NOWS, 'LIMIT', 0, tonumber(ARGV[6]))
+  local due = rcall('ZRANGEBYSCORE', KDQ, '-inf', NOWS, 'LIMIT', 0, tonumber(ARGV[6]))
   for _, id in ipairs(due) do
     local k = P .. 'dlv:' .. id
-    redis.call('HINCRBY', k, 'token', 1)
-    redis.call('HSET', k, 'next_at', until_)
-    redis.call('ZADD', KDQ, until_, id)
-    local d = redis.call('HMGET', k, unpack(FIELDS))
+    rcall('HINCRBY', k, 'token', 1)
+    rcall('HSET', k, 'next_at', until_)
+    rcall('ZADD', KDQ, until_, id)
+    local d = rcall('HMGET', k, unpack(FIELDS))
     table.insert(d, 1, id)
     out[#out + 1] = d
   end
 elseif op == 'try' then
   local k = P .. 'dlv:' .. ARGV[6]
-  local d = redis.call('HMGET', k, 'token', 'status', 'tries')
+  local d = rcall('HMGET', k, 'token', 'status', 'tries')
   if d[1] == ARGV[7] and d[2] == 'pending' and d[3] == ARGV[8] then
     local status = ARGV[9]
-    redis.call('HSET', k, 'status', status, 'tries', ARGV[10], 'next_at', ARGV[11],
+    rcall('HSET', k, 'status', status, 'tries', ARGV[10], 'next_at', ARGV[11],
       'updated_at', NOWS)
     if ARGV[12] ~= '' then
-      redis.call('HSET', k, 'last_error', ARGV[12])
+      rcall('HSET', k, 'last_error', ARGV[12])
     else
-      redis.call('HDEL', k, 'last_error')
+      rcall('HDEL', k, 'last_error')
     end
     if status == 'pending' then
-      redis.call('ZADD', KDQ, ARGV[11], ARGV[6])
+      rcall('ZADD', KDQ, ARGV[11], ARGV[6])
     else
-      redis.call('ZREM', KDQ, ARGV[6])
+      rcall('ZREM', KDQ, ARGV[6])
     end
   end
 end
-local head = redis.call('ZRANGE', KDQ, 0, 0, 'WITHSCORES')
+local head = rcall('ZRANGE', KDQ, 0, 0, 'WITHSCORES')
 return { 'ok', head[2] or '', out }

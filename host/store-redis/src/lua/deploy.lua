@@ -1,62 +1,62 @@
 local name = ARGV[5]
 local fk = P .. 'fn:' .. name
 -- A function is charged its component's size: a replacement the difference.
-local was = redis.call('HGET', fk, 'size_bytes')
+local was = rcall('HGET', fk, 'size_bytes')
 local delta = C_FN + mem(tonumber(ARGV[7]))
 if was then delta = delta - C_FN - mem(tonumber(was)) end
 -- Its settings are stored once per version, for the runs that will pin it; a version no
 -- run or function uses any more is collected with the components (digests.lua).
 local sv = string.sub(redis.sha1hex(ARGV[8]), 1, 16)
-local newset = redis.call('HEXISTS', KSETS, sv) == 0
+local newset = rcall('HEXISTS', KSETS, sv) == 0
 if newset then delta = delta + set_cost(#ARGV[8]) end
 if delta > 0 then
   local full = tenant_full(delta)
   if full then return full end
 end
 charge(nil, delta)
-if newset then redis.call('HSET', KSETS, sv, ARGV[8]) end
+if newset then rcall('HSET', KSETS, sv, ARGV[8]) end
 -- Every run counts itself into `rdig` when it is created; only runs older than `rdig` make
 -- digests.lua walk every run of the tenant once, in one call that blocks Redis for as
 -- long as the walk takes. A tenant without runs yet has none of those: its `rdig` is
 -- complete.
-if redis.call('HEXISTS', KMETA, 'rdig') == 0 then
+if rcall('HEXISTS', KMETA, 'rdig') == 0 then
   local runs = false
   for _, status in ipairs(STATUSES) do
-    if redis.call('EXISTS', stkey(status)) == 1 then
+    if rcall('EXISTS', stkey(status)) == 1 then
       runs = true
       break
     end
   end
-  if not runs then redis.call('HSET', KMETA, 'rdig', '1') end
+  if not runs then rcall('HSET', KMETA, 'rdig', '1') end
 end
-local old = redis.call('HGET', fk, 'events')
+local old = rcall('HGET', fk, 'events')
 if old then
-  for _, e in ipairs(cjson.decode(old)) do redis.call('SREM', P .. 'sub:' .. e, name) end
+  for _, e in ipairs(cjson.decode(old)) do rcall('SREM', P .. 'sub:' .. e, name) end
 end
-local created = redis.call('HGET', fk, 'created_at') or NOWS
-redis.call('HSET', fk, 'name', name, 'digest', ARGV[6], 'size_bytes', ARGV[7],
+local created = rcall('HGET', fk, 'created_at') or NOWS
+rcall('HSET', fk, 'name', name, 'digest', ARGV[6], 'size_bytes', ARGV[7],
   'settings', ARGV[8], 'sv', sv, 'max_attempts', ARGV[9], 'events', ARGV[10],
   'created_at', created, 'updated_at', NOWS)
 -- Its queue, read by every enqueue (the default one is left out).
 local queue = cjson.decode(ARGV[8]).queue
 if queue and queue ~= 'default' then
-  redis.call('HSET', fk, 'queue', queue)
-  redis.call('SADD', KQUEUES, queue)
+  rcall('HSET', fk, 'queue', queue)
+  rcall('SADD', KQUEUES, queue)
   -- The tenant publishes per queue from now on (see `publish`).
-  redis.call('HSET', KMETA, 'mq', '1')
+  rcall('HSET', KMETA, 'mq', '1')
   METAH = nil
 else
-  redis.call('HDEL', fk, 'queue')
+  rcall('HDEL', fk, 'queue')
 end
 -- `crons` names the scheduled functions, whose schedules the cron scheduler reads every
 -- second (schedules.lua).
 if ARGV[11] ~= '' then
-  redis.call('HSET', fk, 'schedule', ARGV[11])
-  redis.call('SADD', P .. 'crons', name)
+  rcall('HSET', fk, 'schedule', ARGV[11])
+  rcall('SADD', P .. 'crons', name)
 else
-  redis.call('HDEL', fk, 'schedule')
-  redis.call('SREM', P .. 'crons', name)
+  rcall('HDEL', fk, 'schedule')
+  rcall('SREM', P .. 'crons', name)
 end
-redis.call('SADD', P .. 'fns', name)
-for i = 12, #ARGV do redis.call('SADD', P .. 'sub:' .. ARGV[i], name) end
-return { 'ok', redis.call('HGETALL', fk) }
+rcall('SADD', P .. 'fns', name)
+for i = 12, #ARGV do rcall('SADD', P .. 'sub:' .. ARGV[i], name) end
+return { 'ok', rcall('HGETALL', fk) }

@@ -7,7 +7,7 @@ local FNAME, SV, TRIGGER, REPLACES_NEW, N = ARGV[5], ARGV[6], ARGV[7], ARGV[8], 
 -- Per run: id, input, due, idempotency key, retry, its max_attempts, trace, then the flow.
 local stride = 7 + FLOW_ARGS
 local fk = P .. 'fn:' .. FNAME
-if not redis.call('HGET', fk, 'digest') then return { 'not_found' } end
+if not rcall('HGET', fk, 'digest') then return { 'not_found' } end
 if (settings_version(fk) or '') ~= SV then return { 'stale' } end
 local flows = {}
 for i = 1, N do
@@ -17,7 +17,7 @@ for i = 1, N do
   flows[i] = fl
 end
 local maxq = quota('max_queued')
-if maxq and redis.call('ZCARD', P .. 'st:queued') + N > maxq then return { 'quota' } end
+if maxq and rcall('ZCARD', P .. 'st:queued') + N > maxq then return { 'quota' } end
 local cost = 0
 local maxrun = quota('max_run_bytes')
 for i = 1, N do
@@ -37,11 +37,11 @@ for i = 1, N do
   local o = 10 + (i - 1) * stride
   local fl = flows[i]
   if fl.dgate ~= '' then
-    local cur = redis.call('HGET', KDEB, fl.dgate)
+    local cur = rcall('HGET', KDEB, fl.dgate)
     if cur and ours[cur] then
       -- The key's pending run is one this batch created, which Rust could not read: a
       -- queued run that never started, whose fate core decided (REPLACES_NEW).
-      local r = redis.call('HMGET', runkey(cur), 'status', 'attempt')
+      local r = rcall('HMGET', runkey(cur), 'status', 'attempt')
       fl.dprev, fl.dver, fl.drep = cur, (r[1] or '') .. '|' .. (r[2] or ''), REPLACES_NEW
     end
   end

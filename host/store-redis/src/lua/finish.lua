@@ -57,7 +57,7 @@ local function adding(e, t, nosteps)
   local sk, seen = P .. 'steps:' .. e.id, {}
   for _, r in ipairs(e.recs) do
     if r.kind == 'step' then
-      if seen[r.field] or (not nosteps and redis.call('HEXISTS', sk, r.field) == 1) then
+      if seen[r.field] or (not nosteps and rcall('HEXISTS', sk, r.field) == 1) then
         r.old = true
       else
         seen[r.field] = true
@@ -80,7 +80,7 @@ local function finish(e)
   -- waits for nothing and is parked nowhere (its claim dropped `parked`), so three of
   -- MOVE_FIELDS are not read: each field an HMGET asks for costs about 2k instructions,
   -- a scan of the whole packed hash when it is absent.
-  local h = redis.call('HMGET', rk, 'status', 'created_at', 'cgate', 'qu', 'lease_token',
+  local h = rcall('HMGET', rk, 'status', 'created_at', 'cgate', 'qu', 'lease_token',
     'resumed', 'cancel_requested', 'error', 'output', 'resolution', 'nosteps', 'attempt')
   local m = { h[1], h[2], false, false, h[3], false, h[4], h[5], h[6], h[7], h[8], h[9],
     h[10], h[11], h[12] }
@@ -100,38 +100,44 @@ local function finish(e)
     local full = run_full(id, nil, n)
     if full then return full end
   end
+  -- The run's first step written here (`adding` found it) leaves its `nosteps` to go
+  -- with the fields `apply` drops: one HDEL, not two.
+  local drop = nil
   for _, r in ipairs(e.recs) do
     if r.kind == 'step' then
       append_logs(id, r.first, r.mrun, r.mten, r.last)
-      if not r.old then write_step(id, r.field, r.out, m[15], r.first_step) end
+      if not r.old then
+        write_step(id, r.field, r.out, m[15], r.first_step, true)
+        if r.first_step then drop = 'nosteps' end
+      end
     elseif r.kind == 'logs' then
       append_logs(id, r.first, r.mrun, r.mten, r.last)
     else
       -- Progress replaces itself (bounded by the sandbox): charged, never refused.
       charge(id, blob_delta(id, { 'progress', r.blob }))
-      redis.call('HSET', rk, 'progress', r.blob)
+      rcall('HSET', rk, 'progress', r.blob)
     end
   end
   local extra = nil
   if t.status == 'waiting' then extra = { 'wait', ARGV[e.wait], 'wait_step', ARGV[e.wait + 1] } end
   local lens = {}
   for i, f in ipairs({ 'error', 'output', 'resolution' }) do lens[f] = m[10 + i] and #m[10 + i] or 0 end
-  if apply(id, t, m, extra, lens) then wake = wake + 1 end
+  if apply(id, t, m, extra, lens, drop) then wake = wake + 1 end
   local status = t.status
   if status == 'waiting' then
     local W = e.wait
     local until_, on, target = ARGV[W + 2], ARGV[W + 3], ARGV[W + 4]
     if until_ ~= '' then zadd_maint(KTIMEOUTS, until_, id) end
     if on == 'event' then
-      local ver = redis.call('HINCRBY', P .. 'waitver', target, '1')
+      local ver = rcall('HINCRBY', P .. 'waitver', target, '1')
       charge(id, unpack_cost(id, { 'wait_event', target }))
-      redis.call('HSET', rk, 'wait_event', target, 'wait_ver', ver)
-      redis.call('SADD', P .. 'waiters:' .. target, id)
+      rcall('HSET', rk, 'wait_event', target, 'wait_ver', ver)
+      rcall('SADD', P .. 'waiters:' .. target, id)
     else
-      redis.call('HSET', rk, 'wait_run', target)
-      redis.call('SADD', P .. 'rw:' .. target, id)
+      rcall('HSET', rk, 'wait_run', target)
+      rcall('SADD', P .. 'rw:' .. target, id)
       -- A run that already ended resolves the wait at once.
-      local r = redis.call('HMGET', runkey(target), 'status', 'resolution')
+      local r = rcall('HMGET', runkey(target), 'status', 'resolution')
       local res = r[2]
       if not r[1] then res = ARGV[W + 5] end
       if res then

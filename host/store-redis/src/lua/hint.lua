@@ -1,10 +1,10 @@
 local G, tenant, seq, ns, wake = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5])
 local update = false
 if seq > 0 then
-  local cur = redis.call('HGET', G .. 'seq', tenant)
+  local cur = rcall('HGET', G .. 'seq', tenant)
   if not cur or tonumber(cur) < seq then
     update = true
-    redis.call('HSET', G .. 'seq', tenant, seq)
+    rcall('HSET', G .. 'seq', tenant, seq)
   end
 end
 -- A tenant with named queues: 'mq', then (queue, next, wake) triples.

@@ -7,7 +7,7 @@ local ids
 if ARGV[5] == '*' then
   local all = {}
   for _, status in ipairs(STATUSES) do
-    local got = redis.call('ZREVRANGEBYSCORE', stkey(status), ARGV[8], ARGV[9], 'WITHSCORES',
+    local got = rcall('ZREVRANGEBYSCORE', stkey(status), ARGV[8], ARGV[9], 'WITHSCORES',
       'LIMIT', 0, start + page)
     for i = 1, #got, 2 do all[#all + 1] = { tonumber(got[i + 1]), got[i] } end
   end
@@ -19,7 +19,7 @@ if ARGV[5] == '*' then
   ids = {}
   for i = start + 1, math.min(#all, start + page) do ids[#ids + 1] = all[i][2] end
 else
-  ids = redis.call('ZREVRANGEBYSCORE', P .. ARGV[5], ARGV[8], ARGV[9], 'LIMIT', start, page)
+  ids = rcall('ZREVRANGEBYSCORE', P .. ARGV[5], ARGV[8], ARGV[9], 'LIMIT', start, page)
 end
 local out = {}
 for _, id in ipairs(ids) do

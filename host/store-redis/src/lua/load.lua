@@ -3,11 +3,11 @@
 -- statuses. Answers 'ok', the oldest ('' for none), then (function, status, count)
 -- triples with a count.
 local out = {}
-local fns = redis.call('SMEMBERS', P .. 'fns')
+local fns = rcall('SMEMBERS', P .. 'fns')
 table.sort(fns)
 for _, f in ipairs(fns) do
   for i = 5, #ARGV do
-    local n = redis.call('ZINTERCARD', 2, P .. 'byfn:' .. f, stkey(ARGV[i]))
+    local n = rcall('ZINTERCARD', 2, P .. 'byfn:' .. f, stkey(ARGV[i]))
     if n > 0 then
       out[#out + 1] = f
       out[#out + 1] = ARGV[i]
@@ -15,5 +15,5 @@ for _, f in ipairs(fns) do
     end
   end
 end
-local oldest = redis.call('ZRANGE', stkey('queued'), 0, 0, 'WITHSCORES')
+local oldest = rcall('ZRANGE', stkey('queued'), 0, 0, 'WITHSCORES')
 return { 'ok', oldest[2] or '', out }

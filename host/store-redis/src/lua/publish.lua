@@ -11,7 +11,7 @@ end
 -- Whether the tenant may start another run (its max_running quota).
 local function has_room()
   local maxr = quota('max_running')
-  return not maxr or redis.call('ZCARD', KLEASES) < maxr
+  return not maxr or rcall('ZCARD', KLEASES) < maxr
 end
 
 -- The earliest of the tenant's not yet due runs, lease expiries, wait timeouts and
@@ -22,7 +22,7 @@ local function maintenance_due()
   for _, z in ipairs({ KREADY, KLEASES, KTIMEOUTS, KGTIMER }) do
     local s = HEADS[z]
     if s == nil then
-      local h = redis.call('ZRANGE', z, '0', '0', 'WITHSCORES')
+      local h = rcall('ZRANGE', z, '0', '0', 'WITHSCORES')
       s = h[2] and tonumber(h[2]) or false
     end
     if s and (best == nil or s < best) then best = s end
@@ -41,7 +41,7 @@ local function next_due(multi)
     local v
     -- Runs this call put in the lane (and, not being a claim, left there) make it due
     -- now without counting the lane.
-    if (not TAKES and lane_added(name) > 0) or redis.call('ZCARD', k) > 0 then
+    if (not TAKES and lane_added(name) > 0) or rcall('ZCARD', k) > 0 then
       if room == nil then room = has_room() end
       if room then v = 0 end
     end
@@ -93,7 +93,7 @@ end
 local function only_later(published)
   local p = published and tonumber(published)
   if not p or p <= NOW or (MINADD and MINADD < p) then return false end
-  return redis.call('ZCARD', KQ) == 0
+  return rcall('ZCARD', KQ) == 0
 end
 
 -- `h`: the tenant's meta (tenant_meta), when the caller has it.
@@ -122,7 +122,7 @@ local function publish(wake, force, h)
       names[#names + 1] = q
       fields[#fields + 1] = 'next:' .. q
     end
-    local was = redis.call('HMGET', meta, unpack(fields))
+    local was = rcall('HMGET', meta, unpack(fields))
     for i, q in ipairs(names) do
       local v = per[q]
       local vs = ''
@@ -131,7 +131,7 @@ local function publish(wake, force, h)
       local qchanged = force or was[i] ~= vs
       if qchanged then
         changed = true
-        redis.call('HSET', meta, fields[i], vs)
+        rcall('HSET', meta, fields[i], vs)
       end
       if qchanged or add > 0 then
         qs[#qs + 1] = q
@@ -149,8 +149,8 @@ local function publish(wake, force, h)
   if changed then
     -- The sequence orders hints on Cluster (see hint.lua); a single node applies the
     -- hint here, in order, and needs none.
-    if G == '' then seq = redis.call('HINCRBY', meta, 'seq', '1') end
-    redis.call('HSET', meta, 'next', ns)
+    if G == '' then seq = rcall('HINCRBY', meta, 'seq', '1') end
+    rcall('HSET', meta, 'next', ns)
     h[1] = ns
   end
   return send_hint(seq, ns, wake, changed, qs, was)
@@ -176,7 +176,7 @@ local function publish_added(wake)
       qs[#qs + 1] = n
     end
     if #fields > 0 then
-      for _, v in ipairs(redis.call('HMGET', KMETA, unpack(fields))) do
+      for _, v in ipairs(rcall('HMGET', KMETA, unpack(fields))) do
         if v ~= '0' then return publish(wake, false, h) end
       end
     end

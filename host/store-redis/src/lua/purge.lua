@@ -2,42 +2,42 @@ local LIMIT = tonumber(ARGV[7])
 local n = 0
 local function delete(id)
   local rk = runkey(id)
-  local r = redis.call('HMGET', rk, 'status', 'function', 'parent', 'idempotency_key', 'sbytes',
+  local r = rcall('HMGET', rk, 'status', 'function', 'parent', 'idempotency_key', 'sbytes',
     'lbytes', 'digest', 'sv')
   charge(nil, -(tonumber(r[5] or '0') + tonumber(r[6] or '0')))
   if r[7] then
     local k = pin(r[7], r[8])
-    if redis.call('HINCRBY', KRDIG, k, '-1') <= 0 then redis.call('HDEL', KRDIG, k) end
+    if rcall('HINCRBY', KRDIG, k, '-1') <= 0 then rcall('HDEL', KRDIG, k) end
   end
-  redis.call('ZREM', KENDOK, id)
-  redis.call('ZREM', KENDBAD, id)
-  if r[1] then redis.call('ZREM', stkey(r[1]), id) end
-  if r[2] then redis.call('ZREM', P .. 'byfn:' .. r[2], id) end
-  if r[3] then redis.call('ZREM', P .. 'kids:' .. r[3], id) end
+  rcall('ZREM', KENDOK, id)
+  rcall('ZREM', KENDBAD, id)
+  if r[1] then rcall('ZREM', stkey(r[1]), id) end
+  if r[2] then rcall('ZREM', P .. 'byfn:' .. r[2], id) end
+  if r[3] then rcall('ZREM', P .. 'kids:' .. r[3], id) end
   if r[2] and r[4] then
     local ik = P .. 'idem:' .. r[2]
-    local v = redis.call('HGET', ik, r[4])
-    if v and string.sub(v, -#id) == id then redis.call('HDEL', ik, r[4]) end
+    local v = rcall('HGET', ik, r[4])
+    if v and string.sub(v, -#id) == id then rcall('HDEL', ik, r[4]) end
   end
-  redis.call('DEL', rk, P .. 'steps:' .. id, P .. 'stepseq:' .. id, P .. 'att:' .. id,
+  rcall('DEL', rk, P .. 'steps:' .. id, P .. 'stepseq:' .. id, P .. 'att:' .. id,
     P .. 'logs:' .. id, P .. 'rw:' .. id, inkey(id))
   -- Its webhook deliveries.
   local dk = P .. 'dlvrun:' .. id
-  for _, d in ipairs(redis.call('LRANGE', dk, 0, -1)) do
-    redis.call('DEL', P .. 'dlv:' .. d)
-    redis.call('ZREM', P .. 'dlvq', d)
+  for _, d in ipairs(rcall('LRANGE', dk, 0, -1)) do
+    rcall('DEL', P .. 'dlv:' .. d)
+    rcall('ZREM', P .. 'dlvq', d)
   end
-  redis.call('DEL', dk)
+  rcall('DEL', dk)
 end
 -- Runs were once also kept in an index of all runs, `all`: a tenant's first purge since
 -- drops it (UNLINK frees it off Redis's main thread).
-if redis.call('HGET', KMETA, 'noall') ~= '1' then
-  redis.call('UNLINK', P .. 'all')
-  redis.call('HSET', KMETA, 'noall', '1')
+if rcall('HGET', KMETA, 'noall') ~= '1' then
+  rcall('UNLINK', P .. 'all')
+  rcall('HSET', KMETA, 'noall', '1')
 end
 for _, pair in ipairs({ { 'ended:ok', ARGV[5] }, { 'ended:bad', ARGV[6] } }) do
   if n < LIMIT then
-    local ids = redis.call('ZRANGEBYSCORE', P .. pair[1], '-inf', '(' .. pair[2], 'LIMIT', 0, LIMIT - n)
+    local ids = rcall('ZRANGEBYSCORE', P .. pair[1], '-inf', '(' .. pair[2], 'LIMIT', 0, LIMIT - n)
     for _, id in ipairs(ids) do
       delete(id)
       n = n + 1

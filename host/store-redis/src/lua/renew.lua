@@ -3,9 +3,9 @@ local lost, cancelling = {}, {}
 for i = 6, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local rk = runkey(id)
-  local r = redis.call('HMGET', rk, 'status', 'lease_token', 'cancel_requested')
+  local r = rcall('HMGET', rk, 'status', 'lease_token', 'cancel_requested')
   if r[1] == 'running' and r[2] == token and r[3] ~= '1' then
-    redis.call('HSET', rk, 'lease_expires_at', exp)
+    rcall('HSET', rk, 'lease_expires_at', exp)
     zadd_maint(KLEASES, exp, id)
   elseif r[1] == 'running' and r[2] == token then
     cancelling[#cancelling + 1] = id

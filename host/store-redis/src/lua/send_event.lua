@@ -1,15 +1,15 @@
 local EID, NAME, DATA, RES, TRACE, EXPECTED = ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9],
   ARGV[10]
 local m = tonumber(ARGV[11])
-local seen = redis.call('HGET', P .. 'events', EID)
+local seen = rcall('HGET', P .. 'events', EID)
 if seen and tonumber(seen) > NOW - WINDOW then return { 'dup' } end
 local wk = P .. 'waiters:' .. NAME
-local ver = redis.call('HGET', P .. 'waitver', NAME) or '0'
-if (EXPECTED == '' and redis.call('SCARD', wk) > 0) or (EXPECTED ~= '' and EXPECTED ~= ver) then
+local ver = rcall('HGET', P .. 'waitver', NAME) or '0'
+if (EXPECTED == '' and rcall('SCARD', wk) > 0) or (EXPECTED ~= '' and EXPECTED ~= ver) then
   -- Rust reads the waiters a page at a time (WAITERS) and matches their filters.
   return { 'match', ver }
 end
-local subs = redis.call('SMEMBERS', P .. 'sub:' .. NAME)
+local subs = rcall('SMEMBERS', P .. 'sub:' .. NAME)
 table.sort(subs)
 -- The subscribers Rust computed flow arguments for must be today's, with today's settings.
 local sb = 12 + 2 * m
@@ -26,7 +26,7 @@ for i, fname in ipairs(subs) do
 end
 -- max_queued: every subscriber counts (wasq_core::lifecycle::Admission::Event).
 local maxq = quota('max_queued')
-if maxq and k > 0 and redis.call('ZCARD', P .. 'st:queued') + k > maxq then
+if maxq and k > 0 and rcall('ZCARD', P .. 'st:queued') + k > maxq then
   return { 'quota', I(maxq) }
 end
 -- Storage: the event's dedup record and every run it starts, refused as a whole.
@@ -42,8 +42,8 @@ end
 local full = tenant_full(cost)
 if full then return full end
 if seen then charge(nil, -event_cost(EID)) end
-redis.call('HSET', P .. 'events', EID, NOWS)
-redis.call('ZADD', P .. 'evz', NOWS, EID)
+rcall('HSET', P .. 'events', EID, NOWS)
+rcall('ZADD', P .. 'evz', NOWS, EID)
 charge(nil, event_cost(EID))
 forget_events(100)
 local wake = 0
@@ -62,7 +62,7 @@ for i, fname in ipairs(subs) do
 end
 for i = 0, m - 1 do
   local id, wver = ARGV[12 + 2 * i], ARGV[13 + 2 * i]
-  local r = redis.call('HMGET', runkey(id), 'status', 'wait_event', 'wait_ver')
+  local r = rcall('HMGET', runkey(id), 'status', 'wait_event', 'wait_ver')
   if r[1] == 'waiting' and r[2] == NAME and r[3] == wver then
     resolve_wait(id, RES)
     resumed[#resumed + 1] = id
