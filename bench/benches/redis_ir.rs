@@ -9,7 +9,9 @@
 //! cache miss costs more than an add. The `redis` bench reports the time.)
 //!
 //! It also prints the Redis memory a queued run takes (`used_memory` before and after the
-//! enqueue), which does not depend on the machine either.
+//! enqueue), which does not depend on the machine either, and the Lua heap of Redis's
+//! functions engine after wasq's phases (`used_memory_vm_functions`: the scripts' garbage
+//! waits there for Lua's collector, whose pace the library sets).
 //!
 //! `cargo bench -p wasq-bench --bench redis_ir` (N defaults to 2000, `WASQ_BENCH_N` sets
 //! it; needs `valgrind`; `WASQ_BENCH_ONLY=serial` runs the one-at-a-time phases alone). Redis runs about 50× slower under callgrind. With
