@@ -189,6 +189,9 @@ const TENANT_SCRIPTS: [&TenantScript; 22] = [
 /// alone, against 2 µs for an FCALL). Each script is a function whose body is the
 /// script's file; the prelude's `enter` sets the per-call state (ARGV, P, NOW...) first,
 /// and its `leave` writes what the call charged once, when the body returns.
+/// `builtins.lua` comes first: `redis.call`, `tonumber` and the other functions used per
+/// run as the library's locals (upvalues, not global lookups), filled in by the first
+/// call's `enter`, since a library's load sees no globals.
 ///
 /// Names carry a hash of the source, the way EVALSHA names a script by its SHA: processes
 /// of two versions sharing one Redis call their own functions.
