@@ -184,12 +184,7 @@ pub(crate) async fn enqueue_n<Q: Queue + 'static>(
                     function: function.clone(),
                     input: input(i),
                     trigger: "bench".into(),
-                    due_at: None,
-                    idempotency_key: None,
-                    retry: None,
-                    parent: None,
-                    priority: None,
-                    trace: None,
+                    ..EnqueueRequest::default()
                 };
                 store.enqueue(req).await.unwrap();
             }

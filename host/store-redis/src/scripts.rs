@@ -272,7 +272,7 @@ fn lua_strings(items: &[&str]) -> String {
 /// KEYS[1] = G..'due'; ARGV: G, tenant, seq (0 = no hint change), next ('' = none), wake.
 pub(crate) static HINT: LazyLock<Script> = LazyLock::new(|| {
     script(&format!(
-        "{}\nrcall, tonumber, ipairs, pairs, unpack, sformat = builtins()\n{}\n{}",
+        "{}\nfill_builtins()\n{}\n{}",
         include_str!("lua/builtins.lua"),
         include_str!("lua/apply_hint.lua"),
         include_str!("lua/hint.lua")

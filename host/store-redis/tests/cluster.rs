@@ -47,12 +47,7 @@ async fn tenants_spread_over_masters_and_all_runs_complete() {
                     function: "job".into(),
                     input: format!("{{\"n\":{i}}}").into_bytes(),
                     trigger: "api".into(),
-                    due_at: None,
-                    idempotency_key: None,
-                    retry: None,
-                    parent: None,
-                    priority: None,
-                    trace: None,
+                    ..EnqueueRequest::default()
                 })
                 .await
                 .expect("enqueue")

@@ -59,12 +59,7 @@ fn request(tenant: &str, input: &[u8]) -> EnqueueRequest {
         function: "f".into(),
         input: input.to_vec(),
         trigger: "api".into(),
-        due_at: None,
-        idempotency_key: None,
-        retry: None,
-        parent: None,
-        priority: None,
-        trace: None,
+        ..EnqueueRequest::default()
     }
 }
 

@@ -41,12 +41,7 @@ async fn measure(url: &str, label: &str) {
                         function: "f".into(),
                         input: format!(r#"{{"i":{i}}}"#).into_bytes(),
                         trigger: "bench".into(),
-                        due_at: None,
-                        idempotency_key: None,
-                        retry: None,
-                        parent: None,
-                        priority: None,
-                        trace: None,
+                        ..EnqueueRequest::default()
                     })
                     .await
                     .unwrap();

@@ -122,12 +122,7 @@ pub(super) async fn enqueue_unknown(store: impl Store, _clock: ManualClock) {
             function: "missing".into(),
             input: b"{}".to_vec(),
             trigger: "api".into(),
-            due_at: None,
-            idempotency_key: None,
-            retry: None,
-            parent: None,
-            priority: None,
-            trace: None,
+            ..EnqueueRequest::default()
         })
         .await
         .expect_err("no such function");

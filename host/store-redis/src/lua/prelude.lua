@@ -730,7 +730,7 @@ end
 -- failed halfway never reached `leave`).
 local function enter(args)
   if not rcall then
-    rcall, tonumber, ipairs, pairs, unpack, sformat = builtins()
+    fill_builtins()
     -- Lua's collector starts a cycle when its heap has grown to twice what the last one
     -- kept (pause 200): every call leaves garbage (replies, tables, key names), and the
     -- heap the library keeps is small (about 460 KiB with the garbage, measured). At 4×
