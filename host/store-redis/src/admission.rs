@@ -164,8 +164,21 @@ impl RedisStore {
         if !fresh && let Some(s) = self.settings_cache().get(&key) {
             return Ok(Some(s.clone()));
         }
-        let (blob, version): (Option<Vec<u8>>, Option<String>) = self
-            .query(redis::cmd("HMGET").arg(&key).arg("settings").arg("sv"))
+        type Read = (
+            Option<Vec<u8>>,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+        );
+        let (blob, version, digest, names_digest): Read = self
+            .query(
+                redis::cmd("HMGET")
+                    .arg(&key)
+                    .arg("settings")
+                    .arg("sv")
+                    .arg("digest")
+                    .arg("svd"),
+            )
             .await?;
         let Some(blob) = blob else {
             self.settings_cache().remove(&key);
@@ -177,7 +190,14 @@ impl RedisStore {
         // script that meets it; until then, '' is stale and the retry reads it afresh.
         let version = version.unwrap_or_default();
         if !version.is_empty() {
-            self.inner.parsed.insert(version.as_bytes(), &settings);
+            // A version from before versions named the component is shared by functions
+            // with the same settings and other components: it pins no digest.
+            let digest = names_digest.and(digest);
+            let pinned = decode::Pinned {
+                settings: settings.clone(),
+                digest,
+            };
+            self.inner.parsed.insert(version.as_bytes(), pinned);
         }
         let s = Arc::new(FnSettings { version, settings });
         let mut cache = self.settings_cache();

@@ -133,36 +133,66 @@ run_fields! {
     OUTPUT = "output",
 }
 
+/// The trigger a run's hash leaves out (`admission.lua`): runs created over the API.
+const DEFAULT_TRIGGER: &str = "api";
+
 /// Parsed settings by version: a run pins its function's settings by version (`sv`), so
 /// each version is read and parsed once per store, not once per run read. Versions are
-/// content hashes, the same for every tenant. Runs from before versions carry the blob
-/// itself, which is its own key here.
+/// content hashes, the same for every tenant; a version that also names the function's
+/// component holds its digest, which such runs do not carry themselves. Runs from before
+/// versions carry the blob itself, which is its own key here.
 #[derive(Default)]
-pub(crate) struct SettingsCache(
-    std::sync::Mutex<HashMap<Vec<u8>, std::sync::Arc<FunctionSettings>>>,
-);
+pub(crate) struct SettingsCache(std::sync::Mutex<HashMap<Vec<u8>, std::sync::Arc<Pinned>>>);
+
+/// What a settings version pins.
+pub(crate) struct Pinned {
+    pub(crate) settings: FunctionSettings,
+    /// The component's digest, for a version that names it.
+    pub(crate) digest: Option<String>,
+}
+
+impl Pinned {
+    /// A version's blob as `sets` keeps it: `digest\nsettings JSON` for a version that
+    /// names its component, the settings JSON alone for one before those.
+    pub(crate) fn parse(blob: &[u8]) -> Result<Pinned, StoreError> {
+        let (digest, settings) = match blob.iter().position(|&b| b == b'\n') {
+            Some(i) if blob.first() != Some(&b'{') => {
+                let digest = std::str::from_utf8(&blob[..i])
+                    .map_err(|e| corrupt(format!("settings version's digest: {e}")))?;
+                (Some(digest.to_owned()), &blob[i + 1..])
+            }
+            _ => (None, blob),
+        };
+        Ok(Pinned {
+            settings: json(settings, "settings")?,
+            digest,
+        })
+    }
+}
 
 /// Distinct settings cached at most (then the cache starts over).
 const PARSED_SETTINGS_MAX: usize = 1_000;
 
 impl SettingsCache {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, std::sync::Arc<FunctionSettings>>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, std::sync::Arc<Pinned>>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Caches `settings` under `key` (a version, or an old run's blob).
-    pub(crate) fn insert(&self, key: &[u8], settings: &FunctionSettings) {
+    /// Caches what version (or old run's blob) `key` pins.
+    pub(crate) fn insert(&self, key: &[u8], pinned: Pinned) -> std::sync::Arc<Pinned> {
+        let pinned = std::sync::Arc::new(pinned);
         let mut map = self.map();
         if map.len() >= PARSED_SETTINGS_MAX {
             map.clear();
         }
-        map.insert(key.to_vec(), std::sync::Arc::new(settings.clone()));
+        map.insert(key.to_vec(), pinned.clone());
+        pinned
     }
 
-    /// The settings of a version that must have been loaded, or of an old run's blob.
-    fn get(&self, key: &[u8], is_blob: bool) -> Result<FunctionSettings, StoreError> {
-        if let Some(s) = self.map().get(key) {
-            return Ok(FunctionSettings::clone(s));
+    /// What a version that must have been loaded pins, or an old run's blob.
+    fn get(&self, key: &[u8], is_blob: bool) -> Result<std::sync::Arc<Pinned>, StoreError> {
+        if let Some(p) = self.map().get(key) {
+            return Ok(p.clone());
         }
         if !is_blob {
             return Err(corrupt(format!(
@@ -170,9 +200,11 @@ impl SettingsCache {
                 String::from_utf8_lossy(key)
             )));
         }
-        let s: FunctionSettings = json(key, "settings")?;
-        self.insert(key, &s);
-        Ok(s)
+        let pinned = Pinned {
+            settings: json(key, "settings")?,
+            digest: None,
+        };
+        Ok(self.insert(key, pinned))
     }
 
     fn contains(&self, key: &[u8]) -> bool {
@@ -258,10 +290,11 @@ impl RunFields {
         settings: &SettingsCache,
         output: Option<Vec<u8>>,
     ) -> Result<Run, StoreError> {
-        let mut s = match self.opt(Field::SETTINGS) {
+        let pinned = match self.opt(Field::SETTINGS) {
             Some(blob) => settings.get(blob, true)?,
             None => settings.get(self.field(Field::SV)?, false)?,
         };
+        let mut s = pinned.settings.clone();
         if let Some(retry) = self.opt_json::<RetryPolicy>(Field::RETRY)? {
             s.retry = retry;
         }
@@ -275,7 +308,13 @@ impl RunFields {
             id: self.text(Field::ID)?,
             tenant: self.text(Field::TENANT)?,
             function: self.text(Field::FUNCTION)?,
-            digest: self.text(Field::DIGEST)?,
+            // Absent when the version names the component.
+            digest: match self.opt_text(Field::DIGEST)? {
+                Some(d) => d,
+                None => pinned.digest.clone().ok_or_else(|| {
+                    corrupt("field digest missing, and its settings version names none")
+                })?,
+            },
             settings: s,
             status: std::str::from_utf8(self.field(Field::STATUS)?)
                 .map_err(corrupt)?
@@ -287,7 +326,10 @@ impl RunFields {
             output,
             error: self.opt_json(Field::ERROR)?,
             attempt: self.opt_num(Field::ATTEMPT)?.unwrap_or(0),
-            trigger: self.text(Field::TRIGGER)?,
+            // Left out when it is the default.
+            trigger: self
+                .opt_text(Field::TRIGGER)?
+                .unwrap_or_else(|| DEFAULT_TRIGGER.to_owned()),
             priority: self.opt_num(Field::PRIORITY)?.unwrap_or(0),
             keys: self.opt_json(Field::KEYS)?.unwrap_or_default(),
             idempotency_key: self.opt_text(Field::IDEMPOTENCY_KEY)?,

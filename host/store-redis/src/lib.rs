@@ -93,14 +93,14 @@
 //! | `G wake` | list | wake-up tokens for `wait_for_work` (BLPOP), at most 64 |
 //! | `G wake:<queue>` | list | the same for workers naming the queue (tenants with named queues): one per run that entered its lane, one when its due time came earlier |
 //! | `P meta` | hash | `next` (last published due time), `seq` (its sequence number, on Cluster); with named queues `mq` = 1 and `next:<queue>` (each queue's); `feed`: the tenant feed is recorded until then; `crons` = 1 once `crons` is complete; the quotas the scripts enforce (`max_running`, `max_queued`, the storage quotas, mirrored by `directory.rs`; `qm` = 1 once they are here: an older wasq kept them in `P quotas`, which the first script that needs them moves here), read with `next`, `mq` and `feed` in one `HMGET` |
-//! | `P fn:<name>` | hash | name, digest, size_bytes, settings JSON, sv (its version: 16 hex of its SHA-1), max_attempts, queue (absent: `default`), events JSON, schedule JSON, created_at, updated_at |
+//! | `P fn:<name>` | hash | name, digest, size_bytes, settings JSON, sv (its version: 16 hex of the SHA-1 of `digest\nsettings`), svd (`1`: `sv` names the component too; absent for a function deployed before, whose next enqueue gives it such a version), max_attempts, queue (absent: `default`), events JSON, schedule JSON, created_at, updated_at |
 //! | `P queues` | set | the tenant's queues besides `default` (named by deploys; it only grows) |
 //! | `P qload` | hash | `<queue>\|queued`, `<queue>\|running` → runs of a named queue (the default queue's are the rest of `st:queued`, `st:running`) |
 //! | `P fns` | set | function names |
 //! | `P crons` | set | the functions with a schedule (kept by deploys: the cron scheduler reads their schedules each second, and no other function); `meta.crons` marks it complete (built once from `fns` for a tenant deployed before it) |
 //! | `P sub:<event>` | set | functions started by the event |
-//! | `P sets` | hash | settings version → settings JSON: a run pins its function's settings by version, so each version is stored once (deleted by `collect_components` once no run or function has it) |
-//! | `P run:<id>` | hash | function, digest, sv (the settings version it pins; runs from before versions hold `settings` JSON instead), retry (override JSON), max_attempts (with manual-retry grants), status, input (when at most 64 bytes; up to 8 × 64 bytes in pieces `in1`..`in8`, last), output, error JSON, attempt, trigger, progress JSON, created_at, updated_at, due_at, finished_at, idempotency_key, parent, trace (the W3C traceparent of what created it), wait JSON, priority, keys JSON; bookkeeping: lease_token, lease_expires_at, worker, cancel_requested, resumed, nosteps (set at creation, cleared by the first step: a claim skips the step keys), wait_step, wait_event, wait_ver, wait_run, resolution (what waiters on it receive once it ended); flow: rank_offset, cgate + climit, tgate + tlimit + tperiod, dgate, parked (the gate it waits on); qu (its queue, absent for `default`); up (the hash is no longer packed: see `UNPACK_COST`). The id and tenant are the key's (runs written before also kept them here); attempt, lease_token, resumed, cancel_requested, rank_offset and priority are absent while `0` |
+//! | `P sets` | hash | settings version → `digest\nsettings JSON` (versions from before they named the component: the settings JSON alone): a run pins its function's component and settings by version, so each version is stored once (deleted by `collect_components` once no run or function has it) |
+//! | `P run:<id>` | hash | function, sv (the settings version it pins, which names its component; runs of versions from before that also hold the digest, runs from before versions hold `settings` JSON and the digest instead), retry (override JSON), max_attempts (with manual-retry grants), status, input (when at most 64 bytes; up to 8 × 64 bytes in pieces `in1`..`in8`, last), output, error JSON, attempt, trigger, progress JSON, created_at, updated_at, due_at, finished_at, idempotency_key, parent, trace (the W3C traceparent of what created it), wait JSON, priority, keys JSON; bookkeeping: lease_token, lease_expires_at, worker, cancel_requested, resumed, nosteps (set at creation, cleared by the first step: a claim skips the step keys), wait_step, wait_event, wait_ver, wait_run, resolution (what waiters on it receive once it ended); flow: rank_offset, cgate + climit, tgate + tlimit + tperiod, dgate, parked (the gate it waits on); qu (its queue, absent for `default`); up (the hash is no longer packed: see `UNPACK_COST`). The id and tenant are the key's (runs written before also kept them here); attempt, lease_token, resumed, cancel_requested, rank_offset and priority are absent while `0`, trigger while `api` |
 //! | `P in:<id>` | string | the run's input when it is over 8 × 64 bytes (runs written before the pieces: over 64), so that the hash stays packed |
 //! | `P att:<id>` | list | executions: `number\|started_at\|worker JSON`, then `\n finished_at\|fuel\|suspended_until\|error JSON` once ended |
 //! | `P steps:<id>` | hash | `occurrence:name` → step output (first write wins) |
@@ -117,7 +117,7 @@
 //! | `P win:<gate>` | list | a throttle's last starts / a rate limit's last accepted runs (times, newest first, at most the limit) |
 //! | `P gtimer`, `P tcfg` | zset, hash | throttle gates with parked runs by when their window opens; their `limit\|period` |
 //! | `P deb` | hash | debounce gate → its pending run |
-//! | `P rdig` | hash | `digest\|sv` (component and settings version) → runs that pin them (each run counts itself in; `meta.rdig` marks it complete: set by a deploy while the tenant has no runs, else built once from the runs) |
+//! | `P rdig` | hash | `\|sv` (a settings version, which names the component; older runs: `digest\|sv`, or the digest alone) → runs that pin them (each run counts itself in; `meta.rdig` marks it complete: set by a deploy while the tenant has no runs, else built once from the runs) |
 //! | `P leases` | zset | running runs by lease expiry |
 //! | `P timeouts` | zset | waiting runs with a time limit, by that limit |
 //! | `P byfn:<function>` | zset | runs of a function by creation time |
@@ -254,7 +254,8 @@ const COLLECT_MIN_IDLE: Duration = Duration::from_secs(3600);
 /// divided by N, with a tenant past the sizes where Redis packs small collections (128
 /// entries), so every index is a skiplist or hashtable (a smaller tenant is overcounted a
 /// little; `tests/tests/storage_usage.rs` checks a mixed workload within 10%):
-/// - `run`: the run's hash while packed (about 17 small fields: ~550 bytes; see
+/// - `run`: the run's hash while packed (about 15 small fields: ~480 bytes, 70 fewer
+///   since a run pins its component by its settings version instead of a digest; see
 ///   `UNPACK_COST` for one that is not), its entries in `byfn:`, `st:` and
 ///   `ended:` (~130 bytes each, the zset's hash table included), and its `att:` list's
 ///   key (~250 bytes: nearly every run runs);
@@ -266,7 +267,7 @@ const COLLECT_MIN_IDLE: Duration = Duration::from_secs(3600);
 /// - `function`: its `fn:` hash (settings included), its entries in `fns` and `sub:`, and
 ///   its component's key.
 pub(crate) const COST: CostModel = CostModel {
-    run: 1_030,
+    run: 960,
     attempt: 50,
     step: 40,
     log_line: 5,
@@ -674,9 +675,9 @@ impl RedisStore {
                     String::from_utf8_lossy(version)
                 ))
             })?;
-            let settings: FunctionSettings = serde_json::from_slice(&blob)
-                .map_err(|e| corrupt(format!("settings version: {e}")))?;
-            self.inner.parsed.insert(version, &settings);
+            self.inner
+                .parsed
+                .insert(version, decode::Pinned::parse(&blob)?);
         }
         Ok(())
     }

@@ -218,49 +218,127 @@ async fn runs_and_functions_from_before_settings_versions_still_run() {
     let old = store(&server.url()).await;
     deploy(&old).await;
     let p = old.tenant_prefix("t");
-    let before = enqueue(&old, br#"{"i":1}"#).await;
-
-    // Rewrite them as an older wasq left them: the blob in the run, no versions at all.
     let fk = format!("{p}fn:f");
-    let rk = format!("{p}run:{}", before.id);
-    let blob = server.cli(&["HGET", &fk, "settings"]);
-    let sv = server.cli(&["HGET", &fk, "sv"]);
-    let (blob, sv) = (blob.trim_end(), sv.trim());
+    let sv = server.cli(&["HGET", &fk, "sv"]).trim().to_owned();
+    let blob = server.cli(&["HGET", &fk, "settings"]).trim_end().to_owned();
     assert!(blob.starts_with('{'), "{blob}");
-    assert_eq!(server.cli(&["HDEL", &rk, "sv"]).trim(), "1");
-    assert_eq!(server.cli(&["HSET", &rk, "settings", blob]).trim(), "1");
-    assert_eq!(server.cli(&["HDEL", &fk, "sv"]).trim(), "1");
-    assert_eq!(server.cli(&["DEL", &format!("{p}sets")]).trim(), "1");
-    let rdig = format!("{p}rdig");
-    assert_eq!(server.cli(&["HDEL", &rdig, &format!("d|{sv}")]).trim(), "1");
-    assert_eq!(server.cli(&["HSET", &rdig, "d", "1"]).trim(), "1");
-
-    // A new process reads the old run, and creates runs of the old function: the first
-    // script that meets the function gives it its version back.
-    let new = store(&server.url()).await;
-    let read = new
-        .run("t", &before.id)
-        .await
-        .unwrap()
-        .expect("the old run");
-    assert_eq!(read.run.settings, settings());
-    let after = enqueue(&new, br#"{"i":2}"#).await;
-    assert_eq!(after.settings, settings());
-    assert_eq!(server.cli(&["HGET", &fk, "sv"]).trim(), sv);
+    // A version names the component too: the run carries no digest of its own.
     assert_eq!(
-        server.cli(&["HGET", &format!("{p}sets"), sv]).trim_end(),
-        blob
+        server.cli(&["HGET", &format!("{p}sets"), &sv]).trim_end(),
+        format!("d\n{blob}")
     );
-    let claimed = claim(&new).await;
+    let unversioned = enqueue(&old, br#"{"i":1}"#).await;
+    let versioned = enqueue(&old, br#"{"i":2}"#).await;
+    assert_eq!(
+        server
+            .cli(&["HEXISTS", &format!("{p}run:{}", versioned.id), "digest"])
+            .trim(),
+        "0"
+    );
+
+    // Rewrite them as older wasqs left them: one run with the blob and the digest in its
+    // hash (no versions at all), one with the digest and a version of the settings alone,
+    // which the function pins too.
+    let older = "0123456789abcdef";
+    let rk = format!("{p}run:{}", unversioned.id);
+    assert_eq!(server.cli(&["HDEL", &rk, "sv"]).trim(), "1");
+    assert_eq!(
+        server
+            .cli(&["HSET", &rk, "settings", &blob, "digest", "d"])
+            .trim(),
+        "2"
+    );
+    let rk = format!("{p}run:{}", versioned.id);
+    assert_eq!(
+        server
+            .cli(&["HSET", &rk, "sv", older, "digest", "d"])
+            .trim(),
+        "1"
+    );
+    assert_eq!(server.cli(&["HSET", &fk, "sv", older]).trim(), "0");
+    assert_eq!(server.cli(&["HDEL", &fk, "svd"]).trim(), "1");
+    let sets = format!("{p}sets");
+    assert_eq!(server.cli(&["DEL", &sets]).trim(), "1");
+    assert_eq!(server.cli(&["HSET", &sets, older, &blob]).trim(), "1");
+    let rdig = format!("{p}rdig");
+    assert_eq!(server.cli(&["DEL", &rdig]).trim(), "1");
+    server.cli(&["HSET", &rdig, "d", "1", &format!("d|{older}"), "1"]);
+
+    // A new process reads the old runs, and creates runs of the old function: the first
+    // script that meets the function gives it a version that names its component.
+    let new = store(&server.url()).await;
+    for run in [&unversioned, &versioned] {
+        let read = new.run("t", &run.id).await.unwrap().expect("the old run");
+        assert_eq!(read.run.settings, settings());
+        assert_eq!(read.run.digest, "d");
+    }
+    let after = enqueue(&new, br#"{"i":3}"#).await;
+    assert_eq!(after.settings, settings());
+    assert_eq!(after.digest, "d");
+    assert_eq!(server.cli(&["HGET", &fk, "sv"]).trim(), sv);
+    assert_eq!(server.cli(&["HGET", &fk, "svd"]).trim(), "1");
+    assert_eq!(
+        server.cli(&["HGET", &sets, &sv]).trim_end(),
+        format!("d\n{blob}")
+    );
+    let claimed = claim(&self::store(&server.url()).await).await;
     assert_eq!(
         ids(&claimed),
-        sorted(vec![before.id.clone(), after.id.clone()])
+        sorted(vec![
+            unversioned.id.clone(),
+            versioned.id.clone(),
+            after.id.clone()
+        ])
     );
     assert!(claimed.iter().all(|c| c.run.settings == settings()));
+    assert!(claimed.iter().all(|c| c.run.digest == "d"));
 
-    // Both pins are counted the way each run holds them, so the component stays.
+    // Each pin is counted the way its run holds it, so the component stays.
     assert_eq!(server.cli(&["HGET", &rdig, "d"]).trim(), "1");
-    assert_eq!(server.cli(&["HGET", &rdig, &format!("d|{sv}")]).trim(), "1");
+    assert_eq!(
+        server.cli(&["HGET", &rdig, &format!("d|{older}")]).trim(),
+        "1"
+    );
+    assert_eq!(server.cli(&["HGET", &rdig, &format!("|{sv}")]).trim(), "1");
+
+    // Redeployed with another component, the function no longer holds "d": with only the
+    // newest run's pin left, the component stays because its version names it.
+    new.deploy(DeployRequest {
+        tenant: "t".into(),
+        name: "f".into(),
+        digest: "e".into(),
+        component: b"e".to_vec(),
+        settings: settings(),
+        events: vec![],
+        schedule: None,
+    })
+    .await
+    .expect("redeploy");
+    server.cli(&["HDEL", &rdig, "d", &format!("d|{older}")]);
+    new.collect_components(std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(
+        server.cli(&["EXISTS", "layout:component:d"]).trim(),
+        "1",
+        "the component a version names stays"
+    );
+    assert_eq!(
+        server.cli(&["HLEN", &sets]).trim(),
+        "2",
+        "the newest run's version and the function's stay"
+    );
+
+    // Ended and purged, the runs give their pins back, and what only they held goes.
+    succeed(&new, &claimed).await;
+    assert_eq!(purge_all(&new).await, 3);
+    assert_eq!(server.cli(&["HLEN", &rdig]).trim(), "0");
+    new.collect_components(std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(server.cli(&["EXISTS", "layout:component:d"]).trim(), "0");
+    let current = server.cli(&["HGET", &fk, "sv"]);
+    assert_eq!(server.cli(&["HKEYS", &sets]).trim(), current.trim());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

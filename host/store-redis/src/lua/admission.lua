@@ -53,9 +53,9 @@ end
 -- { status, due_at, digest, max_attempts, sbytes }.
 local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max, parent, trace, sv, fl)
   local fk = P .. 'fn:' .. fname
-  local f = rcall('HMGET', fk, 'digest', 'sv', 'max_attempts', 'queue')
+  local f = rcall('HMGET', fk, 'digest', 'sv', 'max_attempts', 'queue', 'svd')
   if not f[1] then return nil, false, 'not_found', 0 end
-  if not f[2] then f[2] = settings_version(fk) end
+  if not f[5] then f[2] = settings_version(fk) end
   if f[2] ~= sv then return nil, false, 'stale', 0 end
   local ik = P .. 'idem:' .. fname
   if idem ~= '' then
@@ -118,16 +118,16 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
   -- A packed hash finds a field by scanning from its start: the fields every claim and
   -- finish read or write come first.
   -- Fields at their default are left out (every reader knows it): attempt, lease_token,
-  -- resumed and cancel_requested '0', rank_offset and priority '0'; so are the id and the
-  -- tenant, which the key names. Each field costs every command that reads or writes the
-  -- hash.
+  -- resumed and cancel_requested '0', rank_offset and priority '0', trigger 'api'; so are
+  -- the id and the tenant, which the key names. Each field costs every command that reads
+  -- or writes the hash.
   local now, costs = NOWS, I(cost)
   local fields = {
     'status', status, 'updated_at', now, 'sbytes', costs, 'created_at', now,
-    'nosteps', '1', 'due_at', due, 'function', fname, 'digest', f[1], 'sv', sv,
-    'max_attempts', max, 'trigger', trigger,
+    'nosteps', '1', 'due_at', due, 'function', fname, 'sv', sv, 'max_attempts', max,
   }
   local function add(k, v) if v ~= '' then fields[#fields + 1] = k; fields[#fields + 1] = v end end
+  if trigger ~= 'api' then add('trigger', trigger) end
   if fl.offset ~= '0' then add('rank_offset', fl.offset) end
   if fl.prio ~= '0' then add('priority', fl.prio) end
   if #input <= PACKED_MAX then
@@ -166,7 +166,7 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
   feed_note(id, status)
   charge(nil, cost)
   -- The component stays while a run pins it (see collect_components in lib.rs).
-  rcall('HINCRBY', KRDIG, pin(f[1], sv), '1')
+  rcall('HINCRBY', KRDIG, pin(nil, sv), '1')
   rcall('ZADD', P .. 'byfn:' .. fname, NOWS, id)
   rcall('ZADD', stkey(status), NOWS, id)
   if status == 'skipped' then

@@ -4,17 +4,18 @@ local fk = P .. 'fn:' .. name
 local was = rcall('HGET', fk, 'size_bytes')
 local delta = C_FN + mem(tonumber(ARGV[7]))
 if was then delta = delta - C_FN - mem(tonumber(was)) end
--- Its settings are stored once per version, for the runs that will pin it; a version no
--- run or function uses any more is collected with the components (digests.lua).
-local sv = string.sub(redis.sha1hex(ARGV[8]), 1, 16)
+-- Its component and settings are stored once per version, for the runs that will pin
+-- it; a version no run or function uses any more is collected with the components
+-- (digests.lua).
+local sv, blob = version_of(ARGV[6], ARGV[8])
 local newset = rcall('HEXISTS', KSETS, sv) == 0
-if newset then delta = delta + set_cost(#ARGV[8]) end
+if newset then delta = delta + set_cost(#blob) end
 if delta > 0 then
   local full = tenant_full(delta)
   if full then return full end
 end
 charge(nil, delta)
-if newset then rcall('HSET', KSETS, sv, ARGV[8]) end
+if newset then rcall('HSET', KSETS, sv, blob) end
 -- Every run counts itself into `rdig` when it is created; only runs older than `rdig` make
 -- digests.lua walk every run of the tenant once, in one call that blocks Redis for as
 -- long as the walk takes. A tenant without runs yet has none of those: its `rdig` is
@@ -35,7 +36,7 @@ if old then
 end
 local created = rcall('HGET', fk, 'created_at') or NOWS
 rcall('HSET', fk, 'name', name, 'digest', ARGV[6], 'size_bytes', ARGV[7],
-  'settings', ARGV[8], 'sv', sv, 'max_attempts', ARGV[9], 'events', ARGV[10],
+  'settings', ARGV[8], 'sv', sv, 'svd', '1', 'max_attempts', ARGV[9], 'events', ARGV[10],
   'created_at', created, 'updated_at', NOWS)
 -- Its queue, read by every enqueue (the default one is left out).
 local queue = cjson.decode(ARGV[8]).queue

@@ -1,12 +1,14 @@
--- The component digests runs and functions refer to (`rdig`: `digest|sv` → runs pinning
--- it, built once from the runs when missing), for collect_components. Settings versions
--- (`sets`) nobody refers to any more are deleted here, given back to the tenant.
+-- The component digests runs and functions refer to (`rdig`: `|sv`, `digest|sv` or
+-- `digest` → runs pinning it, built once from the runs when missing; a version that
+-- names its component has it in its blob, `digest\nsettings`), for collect_components.
+-- Settings versions (`sets`) nobody refers to any more are deleted here, given back to
+-- the tenant.
 if rcall('HGET', KMETA, 'rdig') ~= '1' then
   rcall('DEL', KRDIG)
   for _, status in ipairs(STATUSES) do
     for _, id in ipairs(rcall('ZRANGE', stkey(status), 0, -1)) do
       local r = rcall('HMGET', runkey(id), 'digest', 'sv')
-      if r[1] then rcall('HINCRBY', KRDIG, pin(r[1], r[2]), 1) end
+      if r[1] or r[2] then rcall('HINCRBY', KRDIG, pin(r[1], r[2]), 1) end
     end
   end
   rcall('HSET', KMETA, 'rdig', '1')
@@ -14,7 +16,8 @@ end
 local out, keep = {}, {}
 for _, k in ipairs(rcall('HKEYS', KRDIG)) do
   local d, sv = string.match(k, '^([^|]*)|?(.*)$')
-  out[#out + 1] = d
+  if d == '' then d = string.match(rcall('HGET', KSETS, sv) or '', '^([^{\n][^\n]*)\n') end
+  if d then out[#out + 1] = d end
   if sv ~= '' then keep[sv] = true end
 end
 for _, name in ipairs(rcall('SMEMBERS', P .. 'fns')) do

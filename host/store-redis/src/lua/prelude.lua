@@ -206,19 +206,30 @@ end
 -- runs that pin it): its entry besides the blob.
 local C_SET = @SET_COST@
 local function set_cost(n) return C_SET + mem(n) end
+-- A settings version names the function's component and settings together (a content
+-- hash of `digest\nsettings`, whose blob `sets` keeps under it): a run pins both with
+-- its 16 bytes instead of carrying the 64-hex digest too. A function's `svd` marks its
+-- `sv` as such a version; runs pinning one have no `digest` field (those of versions
+-- before it do, and runs from before versions a `settings` blob).
+local function version_of(digest, settings)
+  local blob = digest .. '\n' .. settings
+  return string.sub(redis.sha1hex(blob), 1, 16), blob
+end
 -- The settings version of function key `fk`, adopted for a function deployed before
--- versions existed: its blob is stored in `sets` under its version.
+-- versions named its component: its blob is stored in `sets` under its version.
 local function settings_version(fk)
-  local v = rcall('HMGET', fk, 'sv', 'settings')
-  if v[1] or not v[2] then return v[1] end
-  local sv = string.sub(redis.sha1hex(v[2]), 1, 16)
-  if rcall('HSETNX', KSETS, sv, v[2]) == 1 then charge(nil, set_cost(#v[2])) end
-  rcall('HSET', fk, 'sv', sv)
+  local v = rcall('HMGET', fk, 'sv', 'svd', 'settings', 'digest')
+  if v[2] or not v[3] then return v[1] end
+  local sv, blob = version_of(v[4], v[3])
+  if rcall('HSETNX', KSETS, sv, blob) == 1 then charge(nil, set_cost(#blob)) end
+  rcall('HSET', fk, 'sv', sv, 'svd', '1')
   return sv
 end
--- The `rdig` field a run pins its component and settings version by (`digest|sv`; runs
--- from before versions pin the digest alone).
+-- The `rdig` field a run pins its component and settings version by: `|sv` for a
+-- version that names the component, `digest|sv` for one before those, the digest alone
+-- for a run from before versions.
 local function pin(digest, sv)
+  if not digest then return '|' .. sv end
   if sv then return digest .. '|' .. sv end
   return digest
 end

@@ -5,7 +5,7 @@ local function delete(id)
   local r = rcall('HMGET', rk, 'status', 'function', 'parent', 'idempotency_key', 'sbytes',
     'lbytes', 'digest', 'sv')
   charge(nil, -(tonumber(r[5] or '0') + tonumber(r[6] or '0')))
-  if r[7] then
+  if r[7] or r[8] then
     local k = pin(r[7], r[8])
     if rcall('HINCRBY', KRDIG, k, '-1') <= 0 then rcall('HDEL', KRDIG, k) end
   end
