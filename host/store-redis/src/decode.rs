@@ -337,7 +337,11 @@ impl RunFields {
             wait: self.opt_json(Field::WAIT)?,
             progress: self.opt_json(Field::PROGRESS)?,
             created_at: self.num(Field::CREATED_AT)?,
-            updated_at: self.num(Field::UPDATED_AT)?,
+            // Left out until the run's first transition.
+            updated_at: match self.opt_num(Field::UPDATED_AT)? {
+                Some(at) => at,
+                None => self.num(Field::CREATED_AT)?,
+            },
             due_at: self.num(Field::DUE_AT)?,
             finished_at: self.opt_num(Field::FINISHED_AT)?,
             stored_bytes: self.opt_num::<i64>(Field::SBYTES)?.unwrap_or(0).max(0) as u64,

@@ -118,12 +118,13 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
   -- A packed hash finds a field by scanning from its start: the fields every claim and
   -- finish read or write come first.
   -- Fields at their default are left out (every reader knows it): attempt, lease_token,
-  -- resumed and cancel_requested '0', rank_offset and priority '0', trigger 'api'; so are
-  -- the id and the tenant, which the key names. Each field costs every command that reads
-  -- or writes the hash.
+  -- resumed and cancel_requested '0', rank_offset and priority '0', trigger 'api',
+  -- updated_at until the first transition sets it (created_at); so are the id and the
+  -- tenant, which the key names. Each field costs every command that reads or writes the
+  -- hash.
   local now, costs = NOWS, I(cost)
   local fields = {
-    'status', status, 'updated_at', now, 'sbytes', costs, 'created_at', now,
+    'status', status, 'sbytes', costs, 'created_at', now,
     'nosteps', '1', 'due_at', due, 'function', fname, 'sv', sv, 'max_attempts', max,
   }
   local function add(k, v) if v ~= '' then fields[#fields + 1] = k; fields[#fields + 1] = v end end
