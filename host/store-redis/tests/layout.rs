@@ -136,6 +136,14 @@ async fn a_run_pins_its_settings_by_version_and_its_hash_stays_packed() {
         let key = format!("{p}run:{}", run.id);
         assert_eq!(server.cli(&["HGET", &key, "sv"]).trim(), sv);
         assert_eq!(server.cli(&["HEXISTS", &key, "settings"]).trim(), "0");
+        // Known without a field of its own: the component (the version names it), the
+        // default trigger, and updated_at until the first transition.
+        for known in ["digest", "trigger", "updated_at"] {
+            assert_eq!(server.cli(&["HEXISTS", &key, known]).trim(), "0", "{known}");
+        }
+        assert_eq!(run.digest, "d");
+        assert_eq!(run.trigger, "api");
+        assert_eq!(run.updated_at, run.created_at);
         assert_eq!(
             server.cli(&["OBJECT", "ENCODING", &key]).trim(),
             "listpack",
@@ -189,6 +197,16 @@ async fn a_run_pins_its_settings_by_version_and_its_hash_stays_packed() {
     );
     for c in &claimed {
         assert_eq!(c.run.settings, settings());
+        assert_eq!(
+            (c.run.digest.as_str(), c.run.trigger.as_str()),
+            ("d", "api")
+        );
+        let key = format!("{p}run:{}", c.run.id);
+        assert_eq!(
+            server.cli(&["HGET", &key, "updated_at"]).trim(),
+            c.run.updated_at.to_string(),
+            "written by the claim"
+        );
         let input = if c.run.id == long.id {
             &long_input[..]
         } else if c.run.id == medium.id {
