@@ -299,6 +299,7 @@ impl RunFields {
             s.retry = retry;
         }
         s.retry.max_attempts = self.num(Field::MAX_ATTEMPTS)?;
+        let created_at = self.num(Field::CREATED_AT)?;
         let output = if self.0.len() < RUN_FIELDS.len() {
             output
         } else {
@@ -336,12 +337,9 @@ impl RunFields {
             parent: self.opt_text(Field::PARENT)?,
             wait: self.opt_json(Field::WAIT)?,
             progress: self.opt_json(Field::PROGRESS)?,
-            created_at: self.num(Field::CREATED_AT)?,
+            created_at,
             // Left out until the run's first transition.
-            updated_at: match self.opt_num(Field::UPDATED_AT)? {
-                Some(at) => at,
-                None => self.num(Field::CREATED_AT)?,
-            },
+            updated_at: self.opt_num(Field::UPDATED_AT)?.unwrap_or(created_at),
             due_at: self.num(Field::DUE_AT)?,
             finished_at: self.opt_num(Field::FINISHED_AT)?,
             stored_bytes: self.opt_num::<i64>(Field::SBYTES)?.unwrap_or(0).max(0) as u64,

@@ -16,7 +16,7 @@ end
 local out, keep = {}, {}
 for _, k in ipairs(rcall('HKEYS', KRDIG)) do
   local d, sv = string.match(k, '^([^|]*)|?(.*)$')
-  if d == '' then d = string.match(rcall('HGET', KSETS, sv) or '', '^([^{\n][^\n]*)\n') end
+  if d == '' then d = version_digest(rcall('HGET', KSETS, sv) or '') end
   if d then out[#out + 1] = d end
   if sv ~= '' then keep[sv] = true end
 end

@@ -215,12 +215,21 @@ local function version_of(digest, settings)
   local blob = digest .. '\n' .. settings
   return string.sub(redis.sha1hex(blob), 1, 16), blob
 end
+-- The component a version's blob names (nil for a version from before those, whose blob
+-- is the settings JSON alone).
+local function version_digest(blob)
+  return string.match(blob, '^([^{\n][^\n]*)\n')
+end
 -- The settings version of function key `fk`, adopted for a function deployed before
--- versions named its component: its blob is stored in `sets` under its version.
+-- versions named its component: its blob is stored in `sets` under its version. (The
+-- settings and digest are read only then: a batch or an event checks the version at
+-- every call.)
 local function settings_version(fk)
-  local v = rcall('HMGET', fk, 'sv', 'svd', 'settings', 'digest')
-  if v[2] or not v[3] then return v[1] end
-  local sv, blob = version_of(v[4], v[3])
+  local v = rcall('HMGET', fk, 'sv', 'svd')
+  if v[2] then return v[1] end
+  local f = rcall('HMGET', fk, 'settings', 'digest')
+  if not f[1] then return v[1] end
+  local sv, blob = version_of(f[2], f[1])
   if rcall('HSETNX', KSETS, sv, blob) == 1 then charge(nil, set_cost(#blob)) end
   rcall('HSET', fk, 'sv', sv, 'svd', '1')
   return sv
