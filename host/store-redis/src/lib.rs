@@ -43,7 +43,7 @@
 //! throttle gate's timer (`gtimer`) does the same when its window opens. Parked runs are
 //! not "due", so a tenant whose runs are all held back is not visited by idle workers. The
 //! tenant's `max_running` (in its `meta`) caps the claim; `max_queued` is checked against
-//! `st:queued` at enqueue. `wait_for_work` sleeps until the earliest due time by the
+//! the count of queued runs (`nq`) at enqueue. `wait_for_work` sleeps until the earliest due time by the
 //! host's own timer (not Redis's `hz` tick), or until a wake-up token arrives: one
 //! listener task per store BLPOPs the wake list on its own connection while anybody in
 //! the process waits, and hands back a token that arrives after everybody stopped
@@ -95,7 +95,7 @@
 //! | `P meta` | hash | `next` (last published due time), `seq` (its sequence number, on Cluster); with named queues `mq` = 1 and `next:<queue>` (each queue's); `feed`: the tenant feed is recorded until then; `crons` = 1 once `crons` is complete; the quotas the scripts enforce (`max_running`, `max_queued`, the storage quotas, mirrored by `directory.rs`; `qm` = 1 once they are here: an older wasq kept them in `P quotas`, which the first script that needs them moves here), read with `next`, `mq` and `feed` in one `HMGET` |
 //! | `P fn:<name>` | hash | name, digest, size_bytes, settings JSON, sv (its version: 16 hex of the SHA-1 of `digest\nsettings`), svd (`1`: `sv` names the component too; absent for a function deployed before, whose next enqueue gives it such a version), max_attempts, queue (absent: `default`), events JSON, schedule JSON, created_at, updated_at |
 //! | `P queues` | set | the tenant's queues besides `default` (named by deploys; it only grows) |
-//! | `P qload` | hash | `<queue>\|queued`, `<queue>\|running` → runs of a named queue (the default queue's are the rest of `st:queued`, `st:running`) |
+//! | `P qload` | hash | `<queue>\|queued`, `<queue>\|running` → runs of a named queue (the default queue's are the rest of the tenant's: `nq` and `st:queued`, `st:running`) |
 //! | `P fns` | set | function names |
 //! | `P crons` | set | the functions with a schedule (kept by deploys: the cron scheduler reads their schedules each second, and no other function); `meta.crons` marks it complete (built once from `fns` for a tenant deployed before it) |
 //! | `P sub:<event>` | set | functions started by the event |
@@ -120,8 +120,10 @@
 //! | `P rdig` | hash | `\|sv` (a settings version, which names the component; older runs: `digest\|sv`, or the digest alone) → runs that pin them (each run counts itself in; `meta.rdig` marks it complete: set by a deploy while the tenant has no runs, else built once from the runs) |
 //! | `P leases` | zset | running runs by lease expiry |
 //! | `P timeouts` | zset | waiting runs with a time limit, by that limit |
-//! | `P byfn:<function>` | zset | runs of a function by creation time |
-//! | `P st:<status>` | zset | runs in a status by creation time (between them, every run: an unfiltered listing merges them) |
+//! | `P qfn:<function>` | zset | queued runs of a function by creation time: a queued run is in this index alone besides its lane, `ready` or `park:` (one entry less per run of a backlog, ~150 B) |
+//! | `P nq` | string | how many runs the `qfn:` indexes hold (the tenant's queued runs, with `st:queued`'s) |
+//! | `P byfn:<function>` | zset | runs of a function by creation time, in any status but queued |
+//! | `P st:<status>` | zset | runs in a status by creation time, for every status but queued (`st:queued` holds runs queued before `qfn:`, until they leave the status); between them and the `qfn:` indexes, every run: an unfiltered listing merges them |
 //! | `P kids:<parent>` | zset | child runs by creation time |
 //! | `P ended:ok`, `P ended:bad` | zset | succeeded / failed and cancelled runs by finish time (purge) |
 //! | `P idem:<function>` | hash | idempotency key → `created_at:run id` |

@@ -13,8 +13,8 @@ impl RedisStore {
         prefix: &str,
         limit: usize,
     ) -> Result<Vec<RunId>, StoreError> {
-        // An id starts with its run's creation time (wasq_core::ids) and the `st:` indexes
-        // hold every run between them by creation time, so the prefix's time window holds
+        // An id starts with its run's creation time (wasq_core::ids) and the `st:` and
+        // `qfn:` indexes hold every run between them by creation time, so the prefix's time window holds
         // exactly the runs whose ids share its time digits. Each of them matches a prefix
         // of up to 12 digits, so one page of each index answers; a longer prefix names one
         // millisecond, whose runs are read a page at a time until `limit` match or none is
@@ -23,7 +23,14 @@ impl RedisStore {
         const PAGE: usize = 1_000;
         let (lo, hi) = wasq_core::ids::prefix_window(prefix);
         let tenant_prefix = self.tenant_prefix(tenant);
-        let keys = RunStatus::ALL.map(|s| format!("{tenant_prefix}st:{s}"));
+        let fns: Vec<String> = self
+            .query(redis::cmd("SMEMBERS").arg(format!("{tenant_prefix}fns")))
+            .await?;
+        let keys: Vec<String> = RunStatus::ALL
+            .iter()
+            .map(|s| format!("{tenant_prefix}st:{s}"))
+            .chain(fns.iter().map(|f| format!("{tenant_prefix}qfn:{f}")))
+            .collect();
         let range = |key: &str, offset: usize| {
             let mut cmd = redis::cmd("ZRANGEBYSCORE");
             cmd.arg(key)
@@ -134,37 +141,66 @@ impl RedisStore {
         if q.limit == 0 {
             return Ok(Vec::new());
         }
-        // Read the smallest index that covers the query; filter the rest here.
-        // `*`: every run (the script merges the `st:` indexes).
-        let mut indexes = vec!["*".to_owned()];
+        // Read the smallest set of indexes that covers the query (each a merge of some: a
+        // queued run is in its function's `qfn:` index, any other in `st:<status>` and
+        // `byfn:<function>`; `*` and `*queued` are every run's and every queued run's,
+        // merged by the script), and filter the rest here. `st:queued` only holds runs
+        // queued before `qfn:` existed.
+        let mut covers: Vec<Vec<String>> = Vec::new();
         if let Some(p) = &q.parent {
-            indexes.push(format!("kids:{p}"));
+            covers.push(vec![format!("kids:{p}")]);
         }
-        if let Some(f) = &q.function {
-            indexes.push(format!("byfn:{f}"));
+        match (&q.function, q.status) {
+            (Some(f), Some(RunStatus::Queued)) => {
+                covers.push(vec![format!("qfn:{f}"), "st:queued".to_owned()]);
+            }
+            (Some(f), Some(_)) => covers.push(vec![format!("byfn:{f}")]),
+            (Some(f), None) => covers.push(vec![format!("byfn:{f}"), format!("qfn:{f}")]),
+            (None, _) => {}
         }
-        if let Some(s) = q.status {
-            indexes.push(format!("st:{s}"));
+        match q.status {
+            Some(RunStatus::Queued) => covers.push(vec!["*queued".to_owned()]),
+            Some(s) => covers.push(vec![format!("st:{s}")]),
+            None => {}
         }
-        // With at most one filter the index alone answers the query: fetch no more runs
+        let filters = usize::from(q.parent.is_some())
+            + usize::from(q.function.is_some())
+            + usize::from(q.status.is_some());
+        // With at most one filter the indexes alone answer the query: fetch no more runs
         // than asked for (a poll for "any queued run?" reads one run, not a page).
-        let page = if indexes.len() <= 2 {
+        let page = if filters <= 1 {
             q.limit.min(LIST_PAGE)
         } else {
             LIST_PAGE
         };
         let prefix = self.tenant_prefix(&q.tenant);
-        let index = if indexes.len() == 1 {
-            indexes.remove(0)
-        } else {
-            let mut pipe = redis::pipe();
-            for i in &indexes[1..] {
-                pipe.cmd("ZCARD").arg(format!("{prefix}{i}"));
+        let indexes = match covers.len() {
+            0 => vec!["*".to_owned()],
+            1 => covers.remove(0),
+            _ => {
+                // The one with the fewest runs (every queued run's: as counted).
+                let mut pipe = redis::pipe();
+                for i in covers.iter().flatten().filter(|i| *i != "*queued") {
+                    pipe.cmd("ZCARD").arg(format!("{prefix}{i}"));
+                }
+                let mut c = self.inner.conn.clone();
+                let sizes: Vec<u64> = self.timed(pipe.query_async(&mut c)).await?;
+                let mut sizes = sizes.into_iter();
+                let mut totals = Vec::with_capacity(covers.len());
+                for cover in &covers {
+                    let mut total = 0;
+                    for i in cover {
+                        total += if i == "*queued" {
+                            self.queued_runs(&prefix).await?
+                        } else {
+                            sizes.next().unwrap_or_default()
+                        };
+                    }
+                    totals.push(total);
+                }
+                let smallest = (0..totals.len()).min_by_key(|&i| totals[i]).unwrap_or(0);
+                covers.swap_remove(smallest)
             }
-            let mut c = self.inner.conn.clone();
-            let sizes: Vec<u64> = self.timed(pipe.query_async(&mut c)).await?;
-            let smallest = (0..sizes.len()).min_by_key(|&i| sizes[i]).unwrap_or(0);
-            indexes.swap_remove(smallest + 1)
         };
         // Index scores are creation times, and an id starts with its own: `before` and
         // `since` bound the scores read; ids of `before`'s millisecond are filtered here.
@@ -179,7 +215,10 @@ impl RedisStore {
         let mut out = Vec::new();
         let mut start = 0usize;
         loop {
-            let args = Args::new().s(&index).n(start).n(page).s(&max).s(&min);
+            let mut args = Args::new().n(start).n(page).s(&max).s(&min);
+            for i in &indexes {
+                args = args.s(i);
+            }
             let (_, rest) = self.script(&scripts::LIST, &q.tenant, args).await?;
             let mut rest = rest.into_iter();
             let scanned = int(rest.next().ok_or_else(|| corrupt("short list reply"))?)? as usize;
@@ -265,6 +304,17 @@ impl RedisStore {
 }
 
 impl RedisStore {
+    /// The tenant's queued runs: `nq` holds their count plus one (see `prelude.lua`); a
+    /// tenant whose scripts have not counted them yet has them all in `st:queued`.
+    async fn queued_runs(&self, prefix: &str) -> Result<u64, StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("GET").arg(format!("{prefix}nq"));
+        pipe.cmd("ZCARD").arg(format!("{prefix}st:queued"));
+        let mut c = self.inner.conn.clone();
+        let (counted, older): (Option<u64>, u64) = self.timed(pipe.query_async(&mut c)).await?;
+        Ok(counted.map_or(older, |n| n.saturating_sub(1)))
+    }
+
     /// [`Runs::queue_depths`]: named queues from their counters (`qload`), the default
     /// queue as the rest of the status indexes.
     pub(crate) async fn read_queue_depths(
@@ -275,9 +325,7 @@ impl RedisStore {
         let load: Vec<(String, i64)> = self
             .query(redis::cmd("HGETALL").arg(format!("{p}qload")))
             .await?;
-        let queued: u64 = self
-            .query(redis::cmd("ZCARD").arg(format!("{p}st:queued")))
-            .await?;
+        let queued = self.queued_runs(&p).await?;
         let running: u64 = self
             .query(redis::cmd("ZCARD").arg(format!("{p}st:running")))
             .await?;

@@ -86,7 +86,7 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
     local maxq = quota('max_queued')
     local adding = 1
     if replaced then adding = 0 end
-    if maxq and rcall('ZCARD', P .. 'st:queued') + adding > maxq * tonumber(fl.enforce) then
+    if maxq and queued_count() + adding > maxq * tonumber(fl.enforce) then
       return nil, false, 'quota', 0
     end
   end
@@ -168,8 +168,7 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
   charge(nil, cost)
   -- The component stays while a run pins it (see collect_components in lib.rs).
   rcall('HINCRBY', KRDIG, pin(nil, sv), '1')
-  rcall('ZADD', P .. 'byfn:' .. fname, NOWS, id)
-  rcall('ZADD', stkey(status), NOWS, id)
+  reindex(id, fname, nil, status, NOWS)
   if status == 'skipped' then
     rcall('ZADD', KENDOK, NOWS, id)
   else

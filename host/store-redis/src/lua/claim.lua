@@ -180,7 +180,8 @@ while #out < room and parks > 0 do
     move(id, 'running', { 'attempt', lease.attempt, 'resumed', resumed,
       'lease_expires_at', lease.lease_expires_at, 'worker', WORKER,
       'lease_token', lease.lease_token, 'sbytes', lease.sbytes },
-      { status, r.created_at, r.wait_event, r.wait_run, cgate, r.parked, r.qu }, nil, from)
+      { status, r.created_at, r.wait_event, r.wait_run, cgate, r.parked, r.qu }, nil, from,
+      r['function'])
     rcall('RPUSH', P .. 'att:' .. id, lease.attempt .. '|' .. NOWS .. '|' .. WORKER_JSON)
     claimed_bytes = claimed_bytes + ATT_COST
     -- The run as the move left it: what it read, with what the move wrote (`move` sets

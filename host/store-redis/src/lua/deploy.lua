@@ -22,8 +22,8 @@ if newset then rcall('HSET', KSETS, sv, blob) end
 -- complete.
 if rcall('HEXISTS', KMETA, 'rdig') == 0 then
   local runs = false
-  for _, status in ipairs(STATUSES) do
-    if rcall('EXISTS', stkey(status)) == 1 then
+  for _, k in ipairs(run_indexes()) do
+    if rcall('EXISTS', k) == 1 then
       runs = true
       break
     end

@@ -5,8 +5,8 @@
 -- the tenant.
 if rcall('HGET', KMETA, 'rdig') ~= '1' then
   rcall('DEL', KRDIG)
-  for _, status in ipairs(STATUSES) do
-    for _, id in ipairs(rcall('ZRANGE', stkey(status), 0, -1)) do
+  for _, k in ipairs(run_indexes()) do
+    for _, id in ipairs(rcall('ZRANGE', k, 0, -1)) do
       local r = rcall('HMGET', runkey(id), 'digest', 'sv')
       if r[1] or r[2] then rcall('HINCRBY', KRDIG, pin(r[1], r[2]), 1) end
     end

@@ -17,7 +17,7 @@ for i = 1, N do
   flows[i] = fl
 end
 local maxq = quota('max_queued')
-if maxq and rcall('ZCARD', P .. 'st:queued') + N > maxq then return { 'quota' } end
+if maxq and queued_count() + N > maxq then return { 'quota' } end
 local cost = 0
 local maxrun = quota('max_run_bytes')
 for i = 1, N do

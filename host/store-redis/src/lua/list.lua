@@ -1,13 +1,24 @@
--- A page of runs, newest first, by creation time within [ARGV[9], ARGV[8]]: ARGV[7] runs
--- from the ARGV[6]th of index ARGV[5], or with ARGV[5] = '*' of every run, which the
--- `st:` indexes hold between them (merged here: each gives its newest ARGV[6] + ARGV[7]).
--- Answers how many ids the page held and the runs still there.
-local start, page = tonumber(ARGV[6]), tonumber(ARGV[7])
+-- A page of runs, newest first, by creation time within [ARGV[8], ARGV[7]]: ARGV[6] runs
+-- from the ARGV[5]th of the indexes ARGV[9..] (names after the tenant's prefix) merged,
+-- where `*` stands for every run's indexes and `*queued` for every queued run's
+-- (run_indexes). Each index gives its newest ARGV[5] + ARGV[6]. Answers how many ids the
+-- page held and the runs still there.
+local start, page = tonumber(ARGV[5]), tonumber(ARGV[6])
+local keys = {}
+for i = 9, #ARGV do
+  if ARGV[i] == '*' or ARGV[i] == '*queued' then
+    for _, k in ipairs(run_indexes(ARGV[i] == '*queued')) do keys[#keys + 1] = k end
+  else
+    keys[#keys + 1] = P .. ARGV[i]
+  end
+end
 local ids
-if ARGV[5] == '*' then
+if #keys == 1 then
+  ids = rcall('ZREVRANGEBYSCORE', keys[1], ARGV[7], ARGV[8], 'LIMIT', start, page)
+else
   local all = {}
-  for _, status in ipairs(STATUSES) do
-    local got = rcall('ZREVRANGEBYSCORE', stkey(status), ARGV[8], ARGV[9], 'WITHSCORES',
+  for _, k in ipairs(keys) do
+    local got = rcall('ZREVRANGEBYSCORE', k, ARGV[7], ARGV[8], 'WITHSCORES',
       'LIMIT', 0, start + page)
     for i = 1, #got, 2 do all[#all + 1] = { tonumber(got[i + 1]), got[i] } end
   end
@@ -18,8 +29,6 @@ if ARGV[5] == '*' then
   end)
   ids = {}
   for i = start + 1, math.min(#all, start + page) do ids[#ids + 1] = all[i][2] end
-else
-  ids = rcall('ZREVRANGEBYSCORE', P .. ARGV[5], ARGV[8], ARGV[9], 'LIMIT', start, page)
 end
 local out = {}
 for _, id in ipairs(ids) do

@@ -1,13 +1,26 @@
--- The tenant's unended runs per function and status (the intersection of its `byfn:`
--- and `st:` indexes), and its oldest queued run's creation time. ARGV[5..]: the
+-- The tenant's unended runs per function and status (a function's `qfn:` index, and the
+-- intersection of its `byfn:` index with `st:<status>`: for queued runs from before
+-- `qfn:`, `st:queued`), and its oldest queued run's creation time. ARGV[5..]: the
 -- statuses. Answers 'ok', the oldest ('' for none), then (function, status, count)
 -- triples with a count.
 local out = {}
 local fns = rcall('SMEMBERS', P .. 'fns')
 table.sort(fns)
+local legacy = rcall('EXISTS', stkey('queued')) == 1
+local oldest = rcall('ZRANGE', stkey('queued'), 0, 0, 'WITHSCORES')[2]
 for _, f in ipairs(fns) do
   for i = 5, #ARGV do
-    local n = rcall('ZINTERCARD', 2, P .. 'byfn:' .. f, stkey(ARGV[i]))
+    local n = 0
+    if ARGV[i] == 'queued' then
+      n = rcall('ZCARD', qfnkey(f))
+      if n > 0 then
+        local first = rcall('ZRANGE', qfnkey(f), 0, 0, 'WITHSCORES')[2]
+        if not oldest or tonumber(first) < tonumber(oldest) then oldest = first end
+      end
+    end
+    if ARGV[i] ~= 'queued' or legacy then
+      n = n + rcall('ZINTERCARD', 2, P .. 'byfn:' .. f, stkey(ARGV[i]))
+    end
     if n > 0 then
       out[#out + 1] = f
       out[#out + 1] = ARGV[i]
@@ -15,5 +28,4 @@ for _, f in ipairs(fns) do
     end
   end
 end
-local oldest = rcall('ZRANGE', stkey('queued'), 0, 0, 'WITHSCORES')
-return { 'ok', oldest[2] or '', out }
+return { 'ok', oldest or '', out }

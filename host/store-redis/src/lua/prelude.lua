@@ -17,9 +17,18 @@ local function runkey(id) return P .. 'run:' .. id end
 -- serve the same tenant): building a key name costs a Lua string, which costs about as
 -- much as a cheap Redis command.
 local KP, KQ, KREADY, KLEASES, KUSAGE, KMETA, KQUOTAS, KTIMEOUTS, KGTIMER, KENDOK, KENDBAD
-local KRDIG, KSETS, KTCFG, KDEB, KST, KQUEUES, KLANES
--- Every status a run can have: its `st:<status>` indexes together hold every run once (there
--- is no index of all runs: an unfiltered listing merges these).
+local KRDIG, KSETS, KTCFG, KDEB, KST, KQUEUES, KLANES, KNQ
+-- NQDELTA: the change this call made to the count of queued runs, written to `nq` once by
+-- settle_charges (a claim of 50 runs writes it once, not 50 times).
+local NQDELTA
+-- Every status a run can have. A queued run is indexed by its function, `qfn:<function>`;
+-- a run in any other status by the status, `st:<status>`, and by its function,
+-- `byfn:<function>`. So a run of a backlog costs one index entry (~150 B) besides its
+-- lane's, `qfn:<f>` with `byfn:<f>` hold a function's runs, and `st:` with every `qfn:`
+-- the tenant's (there is no index of all runs: an unfiltered listing merges these).
+-- Runs queued before `qfn:` existed stay in `st:queued` and `byfn:` until they leave the
+-- status. `nq` counts the queued runs (for max_queued) plus one: a key the first INCRBY
+-- creates (a tenant from before the count) is told from one that held 0 runs, and counted.
 local STATUSES = { @STATUSES@ }
 local function stkey(status)
   local k = KST[status]
@@ -28,6 +37,51 @@ local function stkey(status)
     KST[status] = k
   end
   return k
+end
+local function qfnkey(f) return P .. 'qfn:' .. f end
+-- The indexes that hold every run of the tenant between them: `st:<status>` for each
+-- status and `qfn:<function>` for each function (`queued`: only those a queued run is in).
+local function run_indexes(queued)
+  local keys = {}
+  for _, status in ipairs(STATUSES) do
+    if not queued or status == 'queued' then keys[#keys + 1] = stkey(status) end
+  end
+  for _, f in ipairs(rcall('SMEMBERS', P .. 'fns')) do keys[#keys + 1] = qfnkey(f) end
+  return keys
+end
+-- The tenant's queued runs, counted from the indexes (once per tenant from before `nq`).
+local function count_queued()
+  local n = rcall('ZCARD', stkey('queued'))
+  for _, f in ipairs(rcall('SMEMBERS', P .. 'fns')) do n = n + rcall('ZCARD', qfnkey(f)) end
+  return n
+end
+-- The tenant's queued runs (max_queued), with this call's changes.
+local function queued_count()
+  local v = rcall('GET', KNQ)
+  if v then return tonumber(v) - 1 + NQDELTA end
+  return count_queued()
+end
+-- Moves run `id` of function `f` (created at `created`) from status index `old` (nil: a new
+-- run) to `new`'s.
+local function reindex(id, f, old, new, created)
+  if old == 'queued' then
+    NQDELTA = NQDELTA - 1
+    if rcall('ZREM', qfnkey(f), id) == 1 then
+      rcall('ZADD', P .. 'byfn:' .. f, created, id)
+    else
+      rcall('ZREM', stkey('queued'), id)
+    end
+  elseif old then
+    rcall('ZREM', stkey(old), id)
+  end
+  if new == 'queued' then
+    if old then rcall('ZREM', P .. 'byfn:' .. f, id) end
+    rcall('ZADD', qfnkey(f), created, id)
+    NQDELTA = NQDELTA + 1
+  else
+    if not old then rcall('ZADD', P .. 'byfn:' .. f, created, id) end
+    rcall('ZADD', stkey(new), created, id)
+  end
 end
 
 -- Storage accounting (wasq_core::storage): what each record costs besides the bytes
@@ -135,13 +189,16 @@ local function settle_charges()
   if TDELTA ~= 0 then rcall('HINCRBY', KUSAGE, 'stored', TDELTA) end
   if UEXEC ~= 0 then rcall('HINCRBY', KUSAGE, 'attempts', UEXEC) end
   if UFUEL ~= 0 then rcall('HINCRBY', KUSAGE, 'fuel', UFUEL) end
+  if NQDELTA ~= 0 and rcall('INCRBY', KNQ, NQDELTA) == NQDELTA then
+    rcall('SET', KNQ, count_queued() + 1)
+  end
   for id, d in pairs(RDELTA) do
     local rk = runkey(id)
     for f, n in pairs(d) do
       if n ~= 0 then rcall('HINCRBY', rk, f, n) end
     end
   end
-  TDELTA, RDELTA, UEXEC, UFUEL = 0, {}, 0, 0
+  TDELTA, RDELTA, UEXEC, UFUEL, NQDELTA = 0, {}, 0, 0, 0
 end
 -- nil when the tenant has room for n more bytes, else the reply refusing them. Usage is
 -- only read when there is a quota to hold it against.
@@ -432,7 +489,7 @@ local function due_members(key, limit)
 end
 
 -- A named queue's queued and running runs (`qload`: `<queue>|queued`, `<queue>|running`);
--- the default queue's are the rest of `st:queued` and `st:running`.
+-- the default queue's are the rest of the tenant's (queued_count, `st:running`).
 local function queue_load(q, status, n)
   if status == 'queued' or status == 'running' then
     rcall('HINCRBY', P .. 'qload', q .. '|' .. status, n)
@@ -509,13 +566,20 @@ local MOVE_FIELDS = { 'status', 'created_at', 'wait_event', 'wait_run', 'cgate',
 -- runs in `leases`, waiting runs in `timeouts` and their waiter set; entries an index
 -- keeps after a run left its status are dropped by the claim that meets them.
 -- `from`: the lane a claim took the run from (then it is in no other lane, nor in `ready`).
-local function move(id, status, fields, pre, lens, from)
+-- `fname`: the run's function, when the caller read it (a move into or out of `queued`
+-- needs it).
+local function move(id, status, fields, pre, lens, from, fname)
   local rk = runkey(id)
   local r = pre or rcall('HMGET', rk, unpack(MOVE_FIELDS))
   local old, created, cgate = r[1], r[2], r[5]
   if old ~= status then
-    if old then rcall('ZREM', stkey(old), id) end
-    rcall('ZADD', stkey(status), created, id)
+    if old == 'queued' or status == 'queued' then
+      fname = fname or rcall('HGET', rk, 'function')
+      reindex(id, fname, old, status, created)
+    else
+      if old then rcall('ZREM', stkey(old), id) end
+      rcall('ZADD', stkey(status), created, id)
+    end
     if r[7] then queue_load(r[7], old, -1); queue_load(r[7], status, 1) end
     feed_note(id, status)
   end
@@ -764,7 +828,7 @@ local function enter(args)
   NOWS = args[3]
   KEY = @KEY_COST@ + #P
   QUOTAS, METAH = nil, nil
-  TDELTA, RDELTA, UEXEC, UFUEL = 0, {}, 0, 0
+  TDELTA, RDELTA, UEXEC, UFUEL, NQDELTA = 0, {}, 0, 0, 0
   QLIST, LANEADD, TAKES, HEADS, MINADD = nil, {}, false, {}, nil
   FEEDQ, FEEDUNTIL = {}, nil
   if P ~= KP then
@@ -773,7 +837,7 @@ local function enter(args)
     KMETA, KQUOTAS, KTIMEOUTS, KGTIMER = P .. 'meta', P .. 'quotas', P .. 'timeouts', P .. 'gtimer'
     KENDOK, KENDBAD, KRDIG = P .. 'ended:ok', P .. 'ended:bad', P .. 'rdig'
     KSETS, KTCFG, KDEB, KST = P .. 'sets', P .. 'tcfg', P .. 'deb', {}
-    KQUEUES, KLANES = P .. 'queues', {}
+    KQUEUES, KLANES, KNQ = P .. 'queues', {}, P .. 'nq'
   end
 end
 

@@ -5,7 +5,7 @@ if not r[1] then return { 'not_found' } end
 if r[1] ~= ARGV[6] or (r[2] or '0') ~= ARGV[7] then return { 'stale' } end
 -- A retried run is queued like a new one: the tenant's max_queued applies.
 local maxq = quota('max_queued')
-if maxq and rcall('ZCARD', P .. 'st:queued') + 1 > maxq * tonumber(ARGV[9]) then
+if maxq and queued_count() + 1 > maxq * tonumber(ARGV[9]) then
   return { 'quota' }
 end
 rcall('HINCRBY', rk, 'max_attempts', tonumber(ARGV[8]))

@@ -26,7 +26,7 @@ for i, fname in ipairs(subs) do
 end
 -- max_queued: every subscriber counts (wasq_core::lifecycle::Admission::Event).
 local maxq = quota('max_queued')
-if maxq and k > 0 and rcall('ZCARD', P .. 'st:queued') + k > maxq then
+if maxq and k > 0 and queued_count() + k > maxq then
   return { 'quota', I(maxq) }
 end
 -- Storage: the event's dedup record and every run it starts, refused as a whole.

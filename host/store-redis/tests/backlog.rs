@@ -1,0 +1,321 @@
+//! How a backlog is indexed, against a real redis-server: a queued run is in its
+//! function's `qfn:` index alone (besides its lane) and counted in `nq`; it enters
+//! `byfn:` and `st:<status>` when it leaves the status and leaves them when it is queued
+//! again; and runs queued before `qfn:` existed (in `st:queued` and `byfn:`) are still
+//! listed, counted, held to `max_queued` and claimed.
+
+use std::sync::Arc;
+
+use wasq_core::*;
+use wasq_store_redis::testing::{RedisOptions, RedisServer};
+use wasq_store_redis::{RedisStore, StoreOptions};
+
+async fn store(url: &str) -> RedisStore {
+    RedisStore::connect_with(
+        url,
+        Arc::new(SystemClock),
+        StoreOptions::default().with_namespace("backlog"),
+    )
+    .await
+    .unwrap()
+}
+
+async fn deploy(store: &RedisStore, name: &str) {
+    let mut settings = FunctionSettings::default();
+    settings.retry.max_attempts = 3;
+    store
+        .deploy(DeployRequest {
+            tenant: "t".into(),
+            name: name.into(),
+            digest: format!("digest-{name}"),
+            component: name.as_bytes().to_vec(),
+            settings,
+            events: vec![],
+            schedule: None,
+        })
+        .await
+        .expect("deploy");
+}
+
+async fn enqueue(store: &RedisStore, function: &str) -> Result<Run, StoreError> {
+    let req = EnqueueRequest {
+        tenant: "t".into(),
+        function: function.into(),
+        input: b"{}".to_vec(),
+        trigger: "api".into(),
+        ..EnqueueRequest::default()
+    };
+    store.enqueue(req).await.map(|e| e.run)
+}
+
+async fn list(
+    store: &RedisStore,
+    function: Option<&str>,
+    status: Option<RunStatus>,
+) -> Vec<String> {
+    let runs = store
+        .runs(RunQuery {
+            tenant: "t".into(),
+            function: function.map(str::to_owned),
+            status,
+            limit: 100,
+            ..RunQuery::default()
+        })
+        .await
+        .expect("list");
+    let ids: Vec<String> = runs.into_iter().map(|r| r.id).collect();
+    let mut newest_first = ids.clone();
+    newest_first.sort_by(|a, b| b.cmp(a));
+    assert_eq!(ids, newest_first, "listed newest first");
+    ids
+}
+
+/// The ids of `runs`, newest first.
+fn newest_first<'a>(runs: impl IntoIterator<Item = &'a Run>) -> Vec<String> {
+    let mut ids: Vec<String> = runs.into_iter().map(|r| r.id.clone()).collect();
+    ids.sort_by(|a, b| b.cmp(a));
+    ids
+}
+
+struct Keys<'a> {
+    server: &'a RedisServer,
+    p: String,
+}
+
+impl Keys<'_> {
+    fn members(&self, key: &str) -> Vec<String> {
+        let out = self
+            .server
+            .cli(&["ZRANGE", &format!("{}{key}", self.p), "0", "-1"]);
+        let mut ids: Vec<String> = out
+            .lines()
+            .map(str::to_owned)
+            .filter(|l| !l.is_empty())
+            .collect();
+        ids.sort();
+        ids
+    }
+    fn has(&self, key: &str, id: &str) -> bool {
+        let out = self
+            .server
+            .cli(&["ZSCORE", &format!("{}{key}", self.p), id]);
+        !out.trim().is_empty()
+    }
+    /// The count of queued runs the scripts keep (`nq` holds it plus one); `None`: none.
+    fn nq(&self) -> Option<i64> {
+        let v = self.server.cli(&["GET", &format!("{}nq", self.p)]);
+        v.trim().parse::<i64>().ok().map(|n| n - 1)
+    }
+}
+
+fn sorted(runs: &[&Run]) -> Vec<String> {
+    let mut ids: Vec<String> = runs.iter().map(|r| r.id.clone()).collect();
+    ids.sort();
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_run_is_indexed_once_and_older_queued_runs_still_count() {
+    let server = RedisServer::start(RedisOptions::default());
+    let store = store(&server.url()).await;
+    store
+        .create_tenant(Tenant {
+            name: "t".into(),
+            created_at: 0,
+            quotas: Quotas {
+                max_queued: 7,
+                ..Quotas::default()
+            },
+        })
+        .await
+        .unwrap();
+    deploy(&store, "f").await;
+    deploy(&store, "g").await;
+    let keys = Keys {
+        server: &server,
+        p: store.tenant_prefix("t"),
+    };
+
+    // Two runs of `f` as an older wasq queued them: in `st:queued` and `byfn:f`, and no
+    // count of queued runs.
+    let mut old = Vec::new();
+    for _ in 0..2 {
+        let run = enqueue(&store, "f").await.unwrap();
+        let p = &keys.p;
+        let created = run.created_at.to_string();
+        assert_eq!(
+            server.cli(&["ZREM", &format!("{p}qfn:f"), &run.id]).trim(),
+            "1"
+        );
+        server.cli(&["ZADD", &format!("{p}st:queued"), &created, &run.id]);
+        server.cli(&["ZADD", &format!("{p}byfn:f"), &created, &run.id]);
+        old.push(run);
+    }
+    server.cli(&["DEL", &format!("{}nq", keys.p)]);
+    let depths = store.queue_depths("t").await.unwrap();
+    assert_eq!(
+        (depths.len(), depths[0].queued),
+        (1, 2),
+        "counted from the index"
+    );
+    let mut f = Vec::new();
+    for _ in 0..3 {
+        f.push(enqueue(&store, "f").await.unwrap());
+    }
+    let g = vec![
+        enqueue(&store, "g").await.unwrap(),
+        enqueue(&store, "g").await.unwrap(),
+    ];
+
+    // New queued runs: in `qfn:<function>` alone, counted.
+    assert_eq!(keys.members("qfn:f"), sorted(&f.iter().collect::<Vec<_>>()));
+    assert_eq!(keys.members("qfn:g"), sorted(&g.iter().collect::<Vec<_>>()));
+    assert_eq!(
+        keys.members("byfn:f"),
+        sorted(&old.iter().collect::<Vec<_>>())
+    );
+    assert_eq!(keys.members("byfn:g"), Vec::<String>::new());
+    assert_eq!(
+        keys.members("st:queued"),
+        sorted(&old.iter().collect::<Vec<_>>())
+    );
+    assert_eq!(
+        keys.nq(),
+        Some(7),
+        "counted once, the older runs with the new"
+    );
+
+    // Every reader sees all seven.
+    let all: Vec<&Run> = old.iter().chain(&f).chain(&g).collect();
+    let of_f: Vec<&Run> = old.iter().chain(&f).collect();
+    assert_eq!(list(&store, None, None).await, newest_first(all.clone()));
+    assert_eq!(
+        list(&store, None, Some(RunStatus::Queued)).await,
+        newest_first(all.clone())
+    );
+    assert_eq!(
+        list(&store, Some("f"), None).await,
+        newest_first(of_f.clone())
+    );
+    assert_eq!(
+        list(&store, Some("f"), Some(RunStatus::Queued)).await,
+        newest_first(of_f.clone())
+    );
+    assert_eq!(
+        list(&store, Some("g"), Some(RunStatus::Queued)).await,
+        newest_first(&g)
+    );
+    assert!(
+        list(&store, Some("g"), Some(RunStatus::Running))
+            .await
+            .is_empty()
+    );
+    let first = store
+        .runs(RunQuery {
+            tenant: "t".into(),
+            status: Some(RunStatus::Queued),
+            limit: 1,
+            ..RunQuery::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(first[0].id, g[1].id, "a page of one is the newest");
+    for run in [&old[0], &f[0], &g[0]] {
+        assert_eq!(
+            store.run_ids("t", &run.id, 5).await.unwrap(),
+            vec![run.id.clone()]
+        );
+    }
+    let load = store.load("t").await.unwrap();
+    assert_eq!(
+        load.counts,
+        vec![
+            ("f".to_owned(), RunStatus::Queued, 5),
+            ("g".to_owned(), RunStatus::Queued, 2)
+        ]
+    );
+    assert_eq!(load.oldest_queued_at, Some(old[0].created_at));
+    let depths = store.queue_depths("t").await.unwrap();
+    assert_eq!(
+        (depths.len(), depths[0].queued, depths[0].running),
+        (1, 7, 0)
+    );
+    // Uncounted again (as if the count had never been kept): the quota counts the indexes.
+    server.cli(&["DEL", &format!("{}nq", keys.p)]);
+    match enqueue(&store, "g").await {
+        Err(StoreError::QuotaExceeded { message, .. }) => {
+            assert!(message.contains("has 7 runs queued"), "{message}")
+        }
+        other => panic!("an eighth run past max_queued 7: {other:?}"),
+    }
+
+    // Claimed, each leaves its queued index for `byfn:` and `st:running`; older ones stay
+    // in `byfn:`, and the count drops by the counted ones only.
+    let claimed = store
+        .claim(ClaimRequest {
+            worker: "w".into(),
+            limit: 10,
+            lease_ms: 30_000,
+            queues: Vec::new(),
+        })
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 7);
+    assert_eq!(keys.nq(), Some(0));
+    assert_eq!(keys.members("st:queued"), Vec::<String>::new());
+    assert_eq!(keys.members("qfn:f"), Vec::<String>::new());
+    assert_eq!(keys.members("byfn:f"), sorted(&of_f));
+    assert_eq!(
+        keys.members("byfn:g"),
+        sorted(&g.iter().collect::<Vec<_>>())
+    );
+    assert_eq!(keys.members("st:running"), sorted(&all));
+    assert_eq!(
+        list(&store, None, Some(RunStatus::Running)).await,
+        newest_first(all.clone())
+    );
+    assert!(list(&store, None, Some(RunStatus::Queued)).await.is_empty());
+    let load = store.load("t").await.unwrap();
+    assert_eq!(load.oldest_queued_at, None);
+    assert_eq!(
+        load.counts,
+        vec![
+            ("f".to_owned(), RunStatus::Running, 5),
+            ("g".to_owned(), RunStatus::Running, 2)
+        ]
+    );
+
+    // A failure that retries queues the run again: back in `qfn:` alone.
+    let back = claimed.iter().find(|c| c.run.id == g[0].id).unwrap();
+    let failed = Outcome::Failed {
+        error: RunError::new(ErrorReason::Retryable, "again"),
+        retry_in_ms: Some(60_000),
+        fuel_used: None,
+    };
+    store.end_attempt(&back.lease, failed).await.expect("fail");
+    let id = &g[0].id;
+    assert!(keys.has("qfn:g", id) && !keys.has("byfn:g", id) && !keys.has("st:running", id));
+    assert_eq!(keys.nq(), Some(1));
+    assert_eq!(list(&store, Some("g"), None).await, newest_first(&g));
+    assert_eq!(
+        list(&store, None, Some(RunStatus::Queued)).await,
+        vec![id.clone()]
+    );
+
+    // Cancelled while queued: out of `qfn:`, into `byfn:` and `st:cancelled`.
+    store
+        .cancel(RunAction {
+            tenant: "t".into(),
+            id: id.clone(),
+            kind: RunActionKind::Cancel,
+            by: "admin".into(),
+        })
+        .await
+        .expect("cancel");
+    assert!(!keys.has("qfn:g", id) && keys.has("byfn:g", id) && keys.has("st:cancelled", id));
+    assert_eq!(keys.nq(), Some(0));
+    assert_eq!(
+        list(&store, Some("g"), Some(RunStatus::Cancelled)).await,
+        vec![id.clone()]
+    );
+}
