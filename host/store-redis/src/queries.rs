@@ -14,12 +14,12 @@ impl RedisStore {
         limit: usize,
     ) -> Result<Vec<RunId>, StoreError> {
         // An id starts with its run's creation time (wasq_core::ids) and the `st:` and
-        // `qfn:` indexes hold every run between them by creation time, so the prefix's time window holds
-        // exactly the runs whose ids share its time digits. Each of them matches a prefix
-        // of up to 12 digits, so one page of each index answers; a longer prefix names one
-        // millisecond, whose runs are read a page at a time until `limit` match or none is
-        // left. Within an index ids come in order, so the `limit` smallest of all are among
-        // the first `limit` matches of each.
+        // `qfn:` indexes hold every run between them by creation time, so the prefix's
+        // time window holds exactly the runs whose ids share its time digits. Each of them
+        // matches a prefix of up to 12 digits, so one page of each index answers; a longer
+        // prefix names one millisecond, whose runs are read a page at a time until `limit`
+        // match or none is left. Within an index ids come in order, so the `limit`
+        // smallest of all are among the first `limit` matches of each.
         const PAGE: usize = 1_000;
         let (lo, hi) = wasq_core::ids::prefix_window(prefix);
         let tenant_prefix = self.tenant_prefix(tenant);
