@@ -10,6 +10,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// A store on `url` with keys under `namespace` and the system clock: what most suites
+/// connect with.
+pub async fn connect(url: &str, namespace: &str) -> crate::RedisStore {
+    crate::RedisStore::connect_with(
+        url,
+        std::sync::Arc::new(wasq_core::SystemClock),
+        crate::StoreOptions::default().with_namespace(namespace),
+    )
+    .await
+    .expect("connect")
+}
+
 const REDIS_SERVER: &str = "/usr/bin/redis-server";
 const REDIS_CLI: &str = "/usr/bin/redis-cli";
 const START_TIMEOUT: Duration = Duration::from_secs(10);

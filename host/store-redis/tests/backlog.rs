@@ -4,20 +4,12 @@
 //! again; and runs queued before `qfn:` existed (in `st:queued` and `byfn:`) are still
 //! listed, counted, held to `max_queued` and claimed.
 
-use std::sync::Arc;
-
 use wasq_core::*;
-use wasq_store_redis::testing::{RedisOptions, RedisServer};
-use wasq_store_redis::{RedisStore, StoreOptions};
+use wasq_store_redis::RedisStore;
+use wasq_store_redis::testing::{self, RedisOptions, RedisServer};
 
 async fn store(url: &str) -> RedisStore {
-    RedisStore::connect_with(
-        url,
-        Arc::new(SystemClock),
-        StoreOptions::default().with_namespace("backlog"),
-    )
-    .await
-    .unwrap()
+    testing::connect(url, "backlog").await
 }
 
 async fn deploy(store: &RedisStore, name: &str) {
@@ -249,8 +241,8 @@ async fn a_queued_run_is_indexed_once_and_older_queued_runs_still_count() {
         other => panic!("an eighth run past max_queued 7: {other:?}"),
     }
 
-    // Claimed, each leaves its queued index for `byfn:` and `st:running`; older ones stay
-    // in `byfn:`, and the count drops by the counted ones only.
+    // Claimed, each leaves its queued index (`qfn:`, or `st:queued` for the older ones,
+    // already in `byfn:`) for `byfn:` and `st:running`, and the count drops to none.
     let claimed = store
         .claim(ClaimRequest {
             worker: "w".into(),

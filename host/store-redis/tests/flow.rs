@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use wasq_core::flow::{ConcurrencyLimit, KeyExpr};
 use wasq_core::*;
-use wasq_store_redis::testing::{RedisCluster, RedisOptions, RedisServer};
-use wasq_store_redis::{RedisStore, StoreOptions};
+use wasq_store_redis::RedisStore;
+use wasq_store_redis::testing::{self, RedisCluster, RedisOptions, RedisServer};
 
 const RUNS: usize = 240;
 const WORKERS: usize = 4;
@@ -21,13 +21,7 @@ const PER_KEY: usize = 2;
 const MAX_RUNNING: u32 = 5;
 
 async fn connect(url: &str) -> RedisStore {
-    RedisStore::connect_with(
-        url,
-        Arc::new(SystemClock),
-        StoreOptions::default().with_namespace("flow"),
-    )
-    .await
-    .expect("connect")
+    testing::connect(url, "flow").await
 }
 
 #[derive(Default)]

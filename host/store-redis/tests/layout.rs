@@ -4,11 +4,9 @@
 //! wasq wrote (settings copied into every run, no versions; no index of schedules) are
 //! still read and run.
 
-use std::sync::Arc;
-
 use wasq_core::*;
-use wasq_store_redis::testing::{RedisOptions, RedisServer};
-use wasq_store_redis::{RedisStore, StoreOptions};
+use wasq_store_redis::RedisStore;
+use wasq_store_redis::testing::{self, RedisOptions, RedisServer};
 
 fn settings() -> FunctionSettings {
     let mut s = FunctionSettings::default();
@@ -18,13 +16,7 @@ fn settings() -> FunctionSettings {
 }
 
 async fn store(url: &str) -> RedisStore {
-    RedisStore::connect_with(
-        url,
-        Arc::new(SystemClock),
-        StoreOptions::default().with_namespace("layout"),
-    )
-    .await
-    .unwrap()
+    testing::connect(url, "layout").await
 }
 
 /// Deploys function "f" of tenant "t" with `settings`.

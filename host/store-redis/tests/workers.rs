@@ -9,21 +9,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use wasq_core::*;
-use wasq_store_redis::testing::{RedisCluster, RedisOptions, RedisServer};
-use wasq_store_redis::{RedisStore, StoreOptions};
+use wasq_store_redis::RedisStore;
+use wasq_store_redis::testing::{self, RedisCluster, RedisOptions, RedisServer};
 
 const TENANTS: [&str; 4] = ["north", "south", "east", "west"];
 const RUNS: usize = 400;
 const WORKERS: usize = 3;
 
 async fn connect(url: &str) -> RedisStore {
-    RedisStore::connect_with(
-        url,
-        Arc::new(SystemClock),
-        StoreOptions::default().with_namespace("workers"),
-    )
-    .await
-    .expect("connect")
+    testing::connect(url, "workers").await
 }
 
 async fn many_workers(url: &str) {
