@@ -19,7 +19,7 @@ for _, f in ipairs(fns) do
       end
     end
     if ARGV[i] ~= 'queued' or legacy then
-      n = n + rcall('ZINTERCARD', 2, P .. 'byfn:' .. f, stkey(ARGV[i]))
+      n = n + rcall('ZINTERCARD', 2, byfnkey(f), stkey(ARGV[i]))
     end
     if n > 0 then
       out[#out + 1] = f

@@ -17,7 +17,7 @@ local function runkey(id) return P .. 'run:' .. id end
 -- serve the same tenant): building a key name costs a Lua string, which costs about as
 -- much as a cheap Redis command.
 local KP, KQ, KREADY, KLEASES, KUSAGE, KMETA, KQUOTAS, KTIMEOUTS, KGTIMER, KENDOK, KENDBAD
-local KRDIG, KSETS, KTCFG, KDEB, KST, KQUEUES, KLANES, KNQ
+local KRDIG, KSETS, KTCFG, KDEB, KST, KQUEUES, KLANES, KNQ, KQFN, KBYFN
 -- NQDELTA: the change this call made to the count of queued runs, written to `nq` once by
 -- settle_charges (a claim of 50 runs writes it once, not 50 times).
 local NQDELTA
@@ -38,7 +38,22 @@ local function stkey(status)
   end
   return k
 end
-local function qfnkey(f) return P .. 'qfn:' .. f end
+local function qfnkey(f)
+  local k = KQFN[f]
+  if not k then
+    k = P .. 'qfn:' .. f
+    KQFN[f] = k
+  end
+  return k
+end
+local function byfnkey(f)
+  local k = KBYFN[f]
+  if not k then
+    k = P .. 'byfn:' .. f
+    KBYFN[f] = k
+  end
+  return k
+end
 -- The indexes that hold every run of the tenant between them: `st:<status>` for each
 -- status and `qfn:<function>` for each function (`queued`: only those a queued run is in).
 local function run_indexes(queued)
@@ -67,7 +82,7 @@ local function reindex(id, f, old, new, created)
   if old == 'queued' then
     NQDELTA = NQDELTA - 1
     if rcall('ZREM', qfnkey(f), id) == 1 then
-      rcall('ZADD', P .. 'byfn:' .. f, created, id)
+      rcall('ZADD', byfnkey(f), created, id)
     else
       rcall('ZREM', stkey('queued'), id)
     end
@@ -75,11 +90,11 @@ local function reindex(id, f, old, new, created)
     rcall('ZREM', stkey(old), id)
   end
   if new == 'queued' then
-    if old then rcall('ZREM', P .. 'byfn:' .. f, id) end
+    if old then rcall('ZREM', byfnkey(f), id) end
     rcall('ZADD', qfnkey(f), created, id)
     NQDELTA = NQDELTA + 1
   else
-    if not old then rcall('ZADD', P .. 'byfn:' .. f, created, id) end
+    if not old then rcall('ZADD', byfnkey(f), created, id) end
     rcall('ZADD', stkey(new), created, id)
   end
 end
@@ -836,7 +851,7 @@ local function enter(args)
     KQ, KREADY, KLEASES, KUSAGE = P .. 'q', P .. 'ready', P .. 'leases', P .. 'usage'
     KMETA, KQUOTAS, KTIMEOUTS, KGTIMER = P .. 'meta', P .. 'quotas', P .. 'timeouts', P .. 'gtimer'
     KENDOK, KENDBAD, KRDIG = P .. 'ended:ok', P .. 'ended:bad', P .. 'rdig'
-    KSETS, KTCFG, KDEB, KST = P .. 'sets', P .. 'tcfg', P .. 'deb', {}
+    KSETS, KTCFG, KDEB, KST, KQFN, KBYFN = P .. 'sets', P .. 'tcfg', P .. 'deb', {}, {}, {}
     KQUEUES, KLANES, KNQ = P .. 'queues', {}, P .. 'nq'
   end
 end

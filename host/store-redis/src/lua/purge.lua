@@ -12,7 +12,7 @@ local function delete(id)
   rcall('ZREM', KENDOK, id)
   rcall('ZREM', KENDBAD, id)
   if r[1] then rcall('ZREM', stkey(r[1]), id) end
-  if r[2] then rcall('ZREM', P .. 'byfn:' .. r[2], id) end
+  if r[2] then rcall('ZREM', byfnkey(r[2]), id) end
   if r[3] then rcall('ZREM', P .. 'kids:' .. r[3], id) end
   if r[2] and r[4] then
     local ik = P .. 'idem:' .. r[2]
