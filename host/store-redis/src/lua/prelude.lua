@@ -30,30 +30,18 @@ local NQDELTA
 -- status. `nq` counts the queued runs (for max_queued) plus one: a key the first INCRBY
 -- creates (a tenant from before the count) is told from one that held 0 runs, and counted.
 local STATUSES = { @STATUSES@ }
-local function stkey(status)
-  local k = KST[status]
+-- The key `P .. kind .. name`, made once per tenant and kept in `cache`.
+local function named_key(cache, kind, name)
+  local k = cache[name]
   if not k then
-    k = P .. 'st:' .. status
-    KST[status] = k
+    k = P .. kind .. name
+    cache[name] = k
   end
   return k
 end
-local function qfnkey(f)
-  local k = KQFN[f]
-  if not k then
-    k = P .. 'qfn:' .. f
-    KQFN[f] = k
-  end
-  return k
-end
-local function byfnkey(f)
-  local k = KBYFN[f]
-  if not k then
-    k = P .. 'byfn:' .. f
-    KBYFN[f] = k
-  end
-  return k
-end
+local function stkey(status) return named_key(KST, 'st:', status) end
+local function qfnkey(f) return named_key(KQFN, 'qfn:', f) end
+local function byfnkey(f) return named_key(KBYFN, 'byfn:', f) end
 -- The indexes that hold every run of the tenant between them: `st:<status>` for each
 -- status and `qfn:<function>` for each function (`queued`: only those a queued run is in).
 local function run_indexes(queued)
