@@ -43,11 +43,11 @@
 //! throttle gate's timer (`gtimer`) does the same when its window opens. Parked runs are
 //! not "due", so a tenant whose runs are all held back is not visited by idle workers. The
 //! tenant's `max_running` (in its `meta`) caps the claim; `max_queued` is checked against
-//! the count of queued runs (`nq`) at enqueue. `wait_for_work` sleeps until the earliest due time by the
-//! host's own timer (not Redis's `hz` tick), or until a wake-up token arrives: one
-//! listener task per store BLPOPs the wake list on its own connection while anybody in
-//! the process waits, and hands back a token that arrives after everybody stopped
-//! waiting.
+//! the count of queued runs (`nq`) at enqueue. `wait_for_work` sleeps until the earliest
+//! due time by the host's own timer (not Redis's `hz` tick), or until a wake-up token
+//! arrives: one listener task per store BLPOPs the wake list on its own connection while
+//! anybody in the process waits, and hands back a token that arrives after everybody
+//! stopped waiting.
 //!
 //! Event filters (`wait-for-event ... if`) are evaluated in Rust with
 //! [`wasq_core::event_matches`], so the semantics are exactly those of every other
@@ -121,7 +121,7 @@
 //! | `P leases` | zset | running runs by lease expiry |
 //! | `P timeouts` | zset | waiting runs with a time limit, by that limit |
 //! | `P qfn:<function>` | zset | queued runs of a function by creation time: a queued run is in this index alone besides its lane, `ready` or `park:` (one entry less per run of a backlog, ~150 B) |
-//! | `P nq` | string | how many runs the `qfn:` indexes hold (the tenant's queued runs, with `st:queued`'s) |
+//! | `P nq` | string | the tenant's queued runs (for `max_queued`) plus one, tallied by each script call and written once; absent for a tenant from before it, whose first call that changes it counts them from the indexes |
 //! | `P byfn:<function>` | zset | runs of a function by creation time, in any status but queued |
 //! | `P st:<status>` | zset | runs in a status by creation time, for every status but queued (`st:queued` holds runs queued before `qfn:`, until they leave the status); between them and the `qfn:` indexes, every run: an unfiltered listing merges them |
 //! | `P kids:<parent>` | zset | child runs by creation time |

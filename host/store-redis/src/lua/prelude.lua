@@ -54,8 +54,8 @@ local function run_indexes(queued)
 end
 -- The tenant's queued runs, counted from the indexes (once per tenant from before `nq`).
 local function count_queued()
-  local n = rcall('ZCARD', stkey('queued'))
-  for _, f in ipairs(rcall('SMEMBERS', P .. 'fns')) do n = n + rcall('ZCARD', qfnkey(f)) end
+  local n = 0
+  for _, k in ipairs(run_indexes(true)) do n = n + rcall('ZCARD', k) end
   return n
 end
 -- The tenant's queued runs (max_queued), with this call's changes.
@@ -569,20 +569,17 @@ local MOVE_FIELDS = { 'status', 'created_at', 'wait_event', 'wait_run', 'cgate',
 -- runs in `leases`, waiting runs in `timeouts` and their waiter set; entries an index
 -- keeps after a run left its status are dropped by the claim that meets them.
 -- `from`: the lane a claim took the run from (then it is in no other lane, nor in `ready`).
--- `fname`: the run's function, when the caller read it (a move into or out of `queued`
--- needs it).
+-- `fname`: the run's function, when the caller read it (reindex needs it for a move into
+-- or out of `queued`).
 local function move(id, status, fields, pre, lens, from, fname)
   local rk = runkey(id)
   local r = pre or rcall('HMGET', rk, unpack(MOVE_FIELDS))
   local old, created, cgate = r[1], r[2], r[5]
   if old ~= status then
-    if old == 'queued' or status == 'queued' then
-      fname = fname or rcall('HGET', rk, 'function')
-      reindex(id, fname, old, status, created)
-    else
-      if old then rcall('ZREM', stkey(old), id) end
-      rcall('ZADD', stkey(status), created, id)
+    if not fname and (old == 'queued' or status == 'queued' or not old) then
+      fname = rcall('HGET', rk, 'function')
     end
+    reindex(id, fname, old, status, created)
     if r[7] then queue_load(r[7], old, -1); queue_load(r[7], status, 1) end
     feed_note(id, status)
   end
