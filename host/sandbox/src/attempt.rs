@@ -106,9 +106,10 @@ pub(crate) async fn attempt(inner: Arc<Inner>, spec: AttemptSpec, start: Instant
         } else {
             // Yield, not Continue: this is what keeps a spinning guest from holding a
             // runtime thread for longer than one tick. tokio's `yield_now` rather than
-            // plain `Yield`: a task that wakes itself is polled again up to ~60 times
-            // before the runtime looks at its timers and sockets (measured: a 50 ms timer
-            // fired once in 650 ms), while `yield_now` defers the wake-up until it has.
+            // plain `Yield`: a task that wakes itself is polled again up to the runtime's
+            // event interval (61 by default, 8 in a daemon) before it looks at its timers
+            // and sockets (measured at 61: a 50 ms timer fired once in 650 ms), while
+            // `yield_now` defers the wake-up until it has.
             return Ok(UpdateDeadline::YieldCustom(
                 1,
                 Box::pin(tokio::task::yield_now()),

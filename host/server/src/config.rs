@@ -223,12 +223,23 @@ pub fn runtime_threads(store: &StoreBackend) -> usize {
     default_threads(store, cores)
 }
 
+/// Tasks a runtime thread polls between two looks at its sockets and timers (tokio's
+/// default is 61). A worker's attempts are tasks that each hold the thread for tens of
+/// microseconds (a sandbox made, a guest run, dropped): while attempts were ready to run,
+/// up to 61 of them ran before the replies Redis had already sent (a claim's runs, a
+/// batch of ends answered) were read and the next commands written, and Redis waited.
+/// With 8, a drain at concurrency 50 ran 10-15% faster at the same CPU per run, and
+/// `wasq dev`'s 8-12% faster (docs/performance.md, twelfth session); 1, 2, 4 and 16
+/// measured about the same as 8.
+const EVENT_INTERVAL: u32 = 8;
+
 /// The async runtime a daemon runs on, with `threads` worker threads (`--threads`, or
 /// [`runtime_threads`]): the `wasq` binary's, and the benches' that run a daemon in
 /// process, so that they measure the same one.
 pub fn daemon_runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
+        .event_interval(EVENT_INTERVAL)
         .enable_all()
         .build()
 }
