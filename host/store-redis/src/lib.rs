@@ -29,7 +29,10 @@
 //!
 //! `claim` visits only the tenants due now, rotating the first tenant and splitting the
 //! batch limit evenly among them, so a tenant's backlog of 100k runs cannot hold back
-//! another tenant's single run.
+//! another tenant's single run. Under a backlog the tenant the previous claim left first
+//! in line is visited together with the read of the schedule (one round trip per claim,
+//! not two); a tenant that became due meanwhile is then visited by that claim or first
+//! by the next one.
 //!
 //! Flow control ([`wasq_core::flow`]) lives in the tenant scripts too, so it holds across
 //! any number of workers. Rust evaluates a run's keys into *gates* at enqueue (the script
@@ -219,6 +222,10 @@ struct Inner {
     connect_timeout: Duration,
     /// Rotates the tenant a claim starts with.
     cursor: AtomicUsize,
+    /// By queue list ('' for every queue): when a claim that filled its limit ended (the
+    /// clock's ms), the tenant it left first in line and how many it left (see
+    /// `claim_queue`).
+    next_up: std::sync::Mutex<std::collections::HashMap<String, (i64, String, usize)>>,
     /// Cluster: when every tenant's hint was last republished.
     last_sweep: std::sync::Mutex<Option<Instant>>,
     /// Cluster: a hint update failed; republish every tenant at the next claim.
@@ -471,6 +478,7 @@ impl RedisStore {
                 block_source: source,
                 connect_timeout: opts.connect_timeout,
                 cursor: AtomicUsize::new(0),
+                next_up: Default::default(),
                 last_sweep: std::sync::Mutex::new(None),
                 last_collect: std::sync::Mutex::new(None),
                 sweep_needed: AtomicBool::new(false),

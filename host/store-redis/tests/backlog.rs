@@ -2,7 +2,9 @@
 //! function's `qfn:` index alone (besides its lane) and counted in `nq`; it enters
 //! `byfn:` and `st:<status>` when it leaves the status and leaves them when it is queued
 //! again; and runs queued before `qfn:` existed (in `st:queued` and `byfn:`) are still
-//! listed, counted, held to `max_queued` and claimed.
+//! listed, counted, held to `max_queued` and claimed. Also how a claim under a backlog
+//! visits the tenant the previous claim left first in line ahead of its read of the
+//! schedule, and what that may cost the other tenants (one claim's wait, no more).
 
 use wasq_core::*;
 use wasq_store_redis::RedisStore;
@@ -310,4 +312,140 @@ async fn a_queued_run_is_indexed_once_and_older_queued_runs_still_count() {
         list(&store, Some("g"), Some(RunStatus::Cancelled)).await,
         vec![id.clone()]
     );
+}
+
+async fn deploy_for(store: &RedisStore, tenant: &str) {
+    store
+        .deploy(DeployRequest {
+            tenant: tenant.into(),
+            name: "f".into(),
+            digest: "digest-f".into(),
+            component: b"f".to_vec(),
+            settings: FunctionSettings::default(),
+            events: vec![],
+            schedule: None,
+        })
+        .await
+        .expect("deploy");
+}
+
+async fn enqueue_for(store: &RedisStore, tenant: &str, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let req = EnqueueRequest {
+            tenant: tenant.into(),
+            function: "f".into(),
+            input: b"{}".to_vec(),
+            trigger: "api".into(),
+            ..EnqueueRequest::default()
+        };
+        ids.push(store.enqueue(req).await.expect("enqueue").run.id);
+    }
+    ids
+}
+
+async fn cancel_all(store: &RedisStore, tenant: &str, ids: &[String]) {
+    for id in ids {
+        store
+            .cancel(RunAction {
+                tenant: tenant.into(),
+                id: id.clone(),
+                kind: RunActionKind::Cancel,
+                by: "admin".into(),
+            })
+            .await
+            .expect("cancel");
+    }
+}
+
+/// The tenants of a claim of `limit` runs, sorted, and how many script calls it made.
+async fn claim_tenants(
+    store: &RedisStore,
+    redis: &RedisServer,
+    limit: usize,
+) -> (Vec<String>, u64) {
+    let fcalls = || {
+        let stats = redis.cli(&["INFO", "commandstats"]);
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
+            .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+    };
+    let before = fcalls();
+    let claimed = store
+        .claim(ClaimRequest {
+            worker: "w".into(),
+            limit,
+            lease_ms: 30_000,
+            queues: Vec::new(),
+        })
+        .await
+        .expect("claim");
+    let mut tenants: Vec<String> = claimed.into_iter().map(|c| c.lease.tenant).collect();
+    tenants.sort();
+    (tenants, fcalls() - before)
+}
+
+/// A claim that filled its limit leaves a tenant first in line; the next claim, if it
+/// comes within 20 ms by the store's clock, visits that tenant together with its read of
+/// the schedule (one round trip). A tenant the read finds is then visited by that claim
+/// if the limit leaves room, else first by the next one; a visit ahead that finds
+/// nothing (the tenant drained or cancelled meanwhile) leaves the whole limit to the
+/// others; past the window no tenant is visited ahead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_under_a_backlog_visits_the_tenant_left_first_in_line_ahead() {
+    let redis = RedisServer::start(RedisOptions::default());
+    let clock = ManualClock::new(1_800_000_000_000);
+    let store = RedisStore::connect_with(
+        &redis.url(),
+        std::sync::Arc::new(clock.clone()),
+        wasq_store_redis::StoreOptions::default().with_namespace("ahead"),
+    )
+    .await
+    .expect("connect");
+    for t in ["a", "b", "c"] {
+        deploy_for(&store, t).await;
+    }
+    let claim = |limit| claim_tenants(&store, &redis, limit);
+    let tenants = |s: &[&str]| s.iter().map(|t| t.to_string()).collect::<Vec<_>>();
+    enqueue_for(&store, "a", 20).await;
+    assert_eq!(claim(2).await, (tenants(&["a", "a"]), 1), "a alone is due");
+
+    // b becomes due. The next claim visits a ahead with the whole limit (a was the only
+    // tenant left in line) and finds b in its read: b is first in line after it.
+    let b = enqueue_for(&store, "b", 5).await;
+    assert_eq!(claim(2).await, (tenants(&["a", "a"]), 1));
+    assert_eq!(
+        claim(2).await,
+        (tenants(&["a", "b"]), 2),
+        "b visited ahead with its share, then a"
+    );
+
+    // b's runs are cancelled before the next claim: the visit ahead finds nothing, and
+    // the claim takes its whole limit from a, in the same call.
+    cancel_all(&store, "b", &b[1..]).await;
+    assert_eq!(claim(2).await, (tenants(&["a", "a"]), 2));
+
+    // c becomes due with one run, and is visited ahead with half of a limit of 4 (two
+    // tenants were left in line). It does not fill it, and the claim's read found it
+    // due: it is not visited a second time (a script call that would find nothing).
+    enqueue_for(&store, "c", 1).await;
+    assert_eq!(
+        claim(2).await,
+        (tenants(&["a", "a"]), 1),
+        "a ahead, c after it"
+    );
+    assert_eq!(claim(4).await, (tenants(&["a", "a", "a", "c"]), 2));
+
+    // Past the window, a claim visits no tenant ahead: b, left first in line and then
+    // cancelled, costs it no script call.
+    let b = enqueue_for(&store, "b", 2).await;
+    assert_eq!(
+        claim(2).await,
+        (tenants(&["a", "a"]), 1),
+        "a ahead, b after it"
+    );
+    cancel_all(&store, "b", &b).await;
+    clock.advance(21);
+    assert_eq!(claim(2).await, (tenants(&["a", "a"]), 1));
 }
