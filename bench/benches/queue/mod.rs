@@ -374,5 +374,10 @@ pub(crate) fn dev_config(data: &std::path::Path, concurrency: usize) -> wasq_ser
     let dev = wasq_server::Config::dev(data.to_path_buf());
     config.sandbox.max_instances = dev.sandbox.max_instances;
     config.concurrency = concurrency;
+    // The bench's client is one address standing in for many clients, as a reverse
+    // proxy is: an open-loop producer faster than the daemon has a connection open per
+    // request in flight, past the per-address cap of 256 (each refused with a 503 before
+    // its request is sent, which the client reports as an unexpected message).
+    config.http.max_connections_per_ip = config.http.max_connections;
     config
 }
