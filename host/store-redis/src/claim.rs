@@ -157,10 +157,9 @@ impl RedisStore {
     ) -> Result<Vec<Claimed>, StoreError> {
         let now = self.now();
         let queues = queue.unwrap_or("");
-        let ahead = self.take_next_up(queues).map(|(tenant, left)| {
-            let k = left.clamp(1, limit);
-            (tenant, limit / k + usize::from(!limit.is_multiple_of(k)))
-        });
+        let ahead = self
+            .take_next_up(queues, now)
+            .map(|(tenant, left)| (tenant, share(limit, left.clamp(1, limit), 0)));
         // Its schedules, read in one round trip.
         let mut pipe = redis::pipe();
         for key in self.schedules(queue) {
@@ -183,35 +182,22 @@ impl RedisStore {
             }
         };
         let (due, visited) = futures_util::future::join(read, visit).await;
-        let mut remaining = limit;
-        let mut claimed = Vec::new();
-        let mut first_error = None;
-        // The tenant visited ahead is not visited again in the first round; it goes
-        // again after the others if it filled its quota.
-        let (mut visited_ahead, mut again) = (None, None);
-        if let (Some((tenant, quota)), Some(result)) = (ahead, visited) {
-            visited_ahead = Some(tenant.clone());
-            match result {
-                Ok(got) => {
-                    if got.len() == quota {
-                        again = Some(tenant.clone());
-                    }
-                    remaining -= got.len();
-                    claimed.extend(got);
-                }
-                Err(e) => {
-                    tracing::warn!(tenant, error = %e, "claim failed for a tenant");
-                    first_error = Some(e);
-                }
-            }
+        let mut visits = Visits {
+            remaining: limit,
+            ..Visits::default()
+        };
+        if let (Some((tenant, quota)), Some(result)) = (&ahead, visited) {
+            visits.settle(tenant.clone(), *quota, result);
         }
         let mut due: Vec<String> = match due {
             Ok(due) => due.into_iter().flatten().collect(),
             // Runs the visit ahead leased are returned, not left to their leases' expiry.
-            Err(e) if claimed.is_empty() => return Err(e),
-            Err(_) => return Ok(claimed),
+            Err(e) if visits.claimed.is_empty() => return Err(e),
+            Err(_) => return Ok(visits.claimed),
         };
-        if let Some(t) = &visited_ahead {
+        // The tenant visited ahead is not visited again in the first round (it goes
+        // again after the others if it filled its quota).
+        if let Some((t, _)) = &ahead {
             due.retain(|d| d != t);
         }
         // Fairness: every claim starts with the next tenant in name order, and the limit
@@ -223,8 +209,9 @@ impl RedisStore {
             due.rotate_left(start);
         }
         let mut candidates: VecDeque<String> = due.into();
-        candidates.extend(again);
+        candidates.extend(visits.filled.drain(..));
         for _ in 0..CLAIM_ROUNDS_MAX {
+            let remaining = visits.remaining;
             if remaining == 0 || candidates.is_empty() {
                 break;
             }
@@ -232,45 +219,32 @@ impl RedisStore {
             let batch: Vec<(String, usize)> = candidates
                 .drain(..k)
                 .enumerate()
-                .map(|(i, t)| (t, remaining / k + usize::from(i < remaining % k)))
+                .map(|(i, t)| (t, share(remaining, k, i)))
                 .collect();
-            let visits = batch
+            let calls = batch
                 .iter()
                 .map(|(t, quota)| self.claim_tenant(t, *quota, req, queues, false));
-            let results = futures_util::future::join_all(visits).await;
+            let results = futures_util::future::join_all(calls).await;
             for ((tenant, quota), result) in batch.into_iter().zip(results) {
-                match result {
-                    Ok(got) => {
-                        // A tenant that filled its quota may have more: it goes again,
-                        // after the tenants not visited yet.
-                        if got.len() == quota {
-                            candidates.push_back(tenant);
-                        }
-                        remaining -= got.len();
-                        claimed.extend(got);
-                    }
-                    Err(e) => {
-                        tracing::warn!(tenant, error = %e, "claim failed for a tenant");
-                        first_error.get_or_insert(e);
-                    }
-                }
+                visits.settle(tenant, quota, result);
             }
+            candidates.extend(visits.filled.drain(..));
         }
-        if remaining == 0 {
+        if visits.remaining == 0 {
             self.set_next_up(queues, &candidates);
         }
-        match first_error {
-            Some(e) if claimed.is_empty() => Err(e),
-            _ => Ok(claimed),
+        match visits.first_error {
+            Some(e) if visits.claimed.is_empty() => Err(e),
+            _ => Ok(visits.claimed),
         }
     }
 
     /// The tenant a claim of `queues` that filled its limit left first in line, and how
-    /// many it left, if that claim was recent: the next claim visits it ahead.
-    fn take_next_up(&self, queues: &str) -> Option<(String, usize)> {
+    /// many it left, if that claim was recent (by `now`): the next claim visits it ahead.
+    fn take_next_up(&self, queues: &str, now: i64) -> Option<(String, usize)> {
         let mut next = self.inner.next_up.lock().unwrap_or_else(|p| p.into_inner());
         let (at, tenant, left) = next.remove(queues)?;
-        (self.now() - at < NEXT_UP_FRESH_MS).then_some((tenant, left))
+        (now - at < NEXT_UP_FRESH_MS).then_some((tenant, left))
     }
 
     fn set_next_up(&self, queues: &str, candidates: &VecDeque<String>) {
@@ -457,4 +431,39 @@ pub(crate) fn expired_transition(
         now,
     );
     Ok((id, token, t))
+}
+
+/// The quota of the `i`-th of `k` tenants visited in a round, of `remaining` runs: the
+/// limit split evenly, the first ones taking one more while it does not divide.
+fn share(remaining: usize, k: usize, i: usize) -> usize {
+    remaining / k + usize::from(i < remaining % k)
+}
+
+/// What a claim's visits have taken so far.
+#[derive(Default)]
+struct Visits {
+    remaining: usize,
+    claimed: Vec<Claimed>,
+    first_error: Option<StoreError>,
+    /// Tenants that filled their quota since the caller last took them: they may have
+    /// more, and go again after the tenants not visited yet.
+    filled: Vec<String>,
+}
+
+impl Visits {
+    fn settle(&mut self, tenant: String, quota: usize, result: Result<Vec<Claimed>, StoreError>) {
+        match result {
+            Ok(got) => {
+                if got.len() == quota {
+                    self.filled.push(tenant);
+                }
+                self.remaining -= got.len();
+                self.claimed.extend(got);
+            }
+            Err(e) => {
+                tracing::warn!(tenant, error = %e, "claim failed for a tenant");
+                self.first_error.get_or_insert(e);
+            }
+        }
+    }
 }

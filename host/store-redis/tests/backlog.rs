@@ -14,12 +14,12 @@ async fn store(url: &str) -> RedisStore {
     testing::connect(url, "backlog").await
 }
 
-async fn deploy(store: &RedisStore, name: &str) {
+async fn deploy(store: &RedisStore, tenant: &str, name: &str) {
     let mut settings = FunctionSettings::default();
     settings.retry.max_attempts = 3;
     store
         .deploy(DeployRequest {
-            tenant: "t".into(),
+            tenant: tenant.into(),
             name: name.into(),
             digest: format!("digest-{name}"),
             component: name.as_bytes().to_vec(),
@@ -31,9 +31,9 @@ async fn deploy(store: &RedisStore, name: &str) {
         .expect("deploy");
 }
 
-async fn enqueue(store: &RedisStore, function: &str) -> Result<Run, StoreError> {
+async fn enqueue(store: &RedisStore, tenant: &str, function: &str) -> Result<Run, StoreError> {
     let req = EnqueueRequest {
-        tenant: "t".into(),
+        tenant: tenant.into(),
         function: function.into(),
         input: b"{}".to_vec(),
         trigger: "api".into(),
@@ -123,8 +123,8 @@ async fn a_queued_run_is_indexed_once_and_older_queued_runs_still_count() {
         })
         .await
         .unwrap();
-    deploy(&store, "f").await;
-    deploy(&store, "g").await;
+    deploy(&store, "t", "f").await;
+    deploy(&store, "t", "g").await;
     let keys = Keys {
         server: &server,
         p: store.tenant_prefix("t"),
@@ -134,7 +134,7 @@ async fn a_queued_run_is_indexed_once_and_older_queued_runs_still_count() {
     // count of queued runs.
     let mut old = Vec::new();
     for _ in 0..2 {
-        let run = enqueue(&store, "f").await.unwrap();
+        let run = enqueue(&store, "t", "f").await.unwrap();
         let p = &keys.p;
         let created = run.created_at.to_string();
         assert_eq!(
@@ -154,11 +154,11 @@ async fn a_queued_run_is_indexed_once_and_older_queued_runs_still_count() {
     );
     let mut f = Vec::new();
     for _ in 0..3 {
-        f.push(enqueue(&store, "f").await.unwrap());
+        f.push(enqueue(&store, "t", "f").await.unwrap());
     }
     let g = vec![
-        enqueue(&store, "g").await.unwrap(),
-        enqueue(&store, "g").await.unwrap(),
+        enqueue(&store, "t", "g").await.unwrap(),
+        enqueue(&store, "t", "g").await.unwrap(),
     ];
 
     // New queued runs: in `qfn:<function>` alone, counted.
@@ -236,7 +236,7 @@ async fn a_queued_run_is_indexed_once_and_older_queued_runs_still_count() {
     );
     // Uncounted again (as if the count had never been kept): the quota counts the indexes.
     server.cli(&["DEL", &format!("{}nq", keys.p)]);
-    match enqueue(&store, "g").await {
+    match enqueue(&store, "t", "g").await {
         Err(StoreError::QuotaExceeded { message, .. }) => {
             assert!(message.contains("has 7 runs queued"), "{message}")
         }
@@ -314,32 +314,11 @@ async fn a_queued_run_is_indexed_once_and_older_queued_runs_still_count() {
     );
 }
 
-async fn deploy_for(store: &RedisStore, tenant: &str) {
-    store
-        .deploy(DeployRequest {
-            tenant: tenant.into(),
-            name: "f".into(),
-            digest: "digest-f".into(),
-            component: b"f".to_vec(),
-            settings: FunctionSettings::default(),
-            events: vec![],
-            schedule: None,
-        })
-        .await
-        .expect("deploy");
-}
-
-async fn enqueue_for(store: &RedisStore, tenant: &str, n: usize) -> Vec<String> {
+/// `n` runs of the function `f` of `tenant`, their ids.
+async fn enqueue_n(store: &RedisStore, tenant: &str, n: usize) -> Vec<String> {
     let mut ids = Vec::new();
     for _ in 0..n {
-        let req = EnqueueRequest {
-            tenant: tenant.into(),
-            function: "f".into(),
-            input: b"{}".to_vec(),
-            trigger: "api".into(),
-            ..EnqueueRequest::default()
-        };
-        ids.push(store.enqueue(req).await.expect("enqueue").run.id);
+        ids.push(enqueue(store, tenant, "f").await.expect("enqueue").id);
     }
     ids
 }
@@ -404,16 +383,16 @@ async fn a_claim_under_a_backlog_visits_the_tenant_left_first_in_line_ahead() {
     .await
     .expect("connect");
     for t in ["a", "b", "c"] {
-        deploy_for(&store, t).await;
+        deploy(&store, t, "f").await;
     }
     let claim = |limit| claim_tenants(&store, &redis, limit);
     let tenants = |s: &[&str]| s.iter().map(|t| t.to_string()).collect::<Vec<_>>();
-    enqueue_for(&store, "a", 20).await;
+    enqueue_n(&store, "a", 20).await;
     assert_eq!(claim(2).await, (tenants(&["a", "a"]), 1), "a alone is due");
 
     // b becomes due. The next claim visits a ahead with the whole limit (a was the only
     // tenant left in line) and finds b in its read: b is first in line after it.
-    let b = enqueue_for(&store, "b", 5).await;
+    let b = enqueue_n(&store, "b", 5).await;
     assert_eq!(claim(2).await, (tenants(&["a", "a"]), 1));
     assert_eq!(
         claim(2).await,
@@ -429,7 +408,7 @@ async fn a_claim_under_a_backlog_visits_the_tenant_left_first_in_line_ahead() {
     // c becomes due with one run, and is visited ahead with half of a limit of 4 (two
     // tenants were left in line). It does not fill it, and the claim's read found it
     // due: it is not visited a second time (a script call that would find nothing).
-    enqueue_for(&store, "c", 1).await;
+    enqueue_n(&store, "c", 1).await;
     assert_eq!(
         claim(2).await,
         (tenants(&["a", "a"]), 1),
@@ -439,7 +418,7 @@ async fn a_claim_under_a_backlog_visits_the_tenant_left_first_in_line_ahead() {
 
     // Past the window, a claim visits no tenant ahead: b, left first in line and then
     // cancelled, costs it no script call.
-    let b = enqueue_for(&store, "b", 2).await;
+    let b = enqueue_n(&store, "b", 2).await;
     assert_eq!(
         claim(2).await,
         (tenants(&["a", "a"]), 1),
