@@ -235,8 +235,8 @@ async fn transitions(redis: &Counted, n: usize, step: bool) -> [f64; 3] {
         store.enqueue(echo_run(i)).await.unwrap();
     }
     let enqueue = redis.read() as f64 / n as f64;
-    // Rounds of one claim and its ends: the tenant's max_running (64 by default) holds
-    // no more.
+    // Rounds of one claim (a worker's 50 free slots) and its ends: the claimed runs hold
+    // their leases until then, as in a worker.
     let (mut claim, mut end) = (0u64, 0u64);
     let mut done = 0;
     while done < n {
