@@ -113,7 +113,9 @@ const LISTEN_BLOCK: Duration = Duration::from_secs(1);
 /// on the shared multiplexed connection would stall every other command behind it) and
 /// wakes the local waiters for each token. Waiters time themselves (due times) with their
 /// own timers, so there is at most one blocking connection per store, however often
-/// waits start and are abandoned.
+/// waits start and are abandoned. A token names the tenant whose runs became due
+/// (`apply_hint.lua`), so the claim that follows can visit it without reading the
+/// schedule first ([`Wake::token`]).
 pub(crate) struct Wake {
     source: BlockSource,
     connect_timeout: Duration,
@@ -132,6 +134,8 @@ struct WakeState {
     /// Bumped with every listener failure, so waiters can tell a failure from a token.
     failures: u64,
     failure: Option<String>,
+    /// The last token popped: its list and the tenant it names.
+    token: Option<(String, String)>,
 }
 
 /// One registered waiter; unregisters on drop.
@@ -172,6 +176,11 @@ impl Wake {
 
     pub(crate) fn notified(&self) -> tokio::sync::futures::Notified<'_> {
         self.notify.notified()
+    }
+
+    /// The list and tenant of the last token popped, for a waiter that a token woke.
+    pub(crate) fn token(&self) -> Option<(String, String)> {
+        self.lock().token.clone()
     }
 
     /// Registers a waiter (call after enabling a [`Wake::notified`] future, so no
@@ -246,7 +255,7 @@ impl Wake {
             )
             .await
             {
-                Ok(Ok(popped)) => popped.map(|(key, _)| key),
+                Ok(Ok(popped)) => popped,
                 // A connection kept from an earlier wait may have died meanwhile (a Redis
                 // restart): try a fresh one before reporting a failure.
                 Ok(Err(_)) if reused => continue,
@@ -256,18 +265,21 @@ impl Wake {
             enum Next {
                 Listen,
                 Stop,
-                /// A token popped from this list.
-                HandBack(String),
+                /// A token popped from a list (the list, the token).
+                HandBack(String, String),
             }
             let next = {
                 let mut st = self.lock();
                 st.idle = Some(conn);
                 if st.waiters > 0 {
+                    if popped.is_some() {
+                        st.token = popped.clone();
+                    }
                     Next::Listen
                 } else {
                     st.listening = false;
                     match popped.clone() {
-                        Some(key) => Next::HandBack(key),
+                        Some((key, token)) => Next::HandBack(key, token),
                         None => Next::Stop,
                     }
                 }
@@ -280,10 +292,10 @@ impl Wake {
                     continue;
                 }
                 Next::Stop => return,
-                Next::HandBack(key) => {
+                Next::HandBack(key, token) => {
                     // Nobody here waits any more: hand the token back for other processes.
                     let mut push = redis::pipe();
-                    push.cmd("LPUSH").arg(&key).arg("1").ignore();
+                    push.cmd("LPUSH").arg(&key).arg(&token).ignore();
                     push.cmd("LTRIM")
                         .arg(&key)
                         .arg(0)

@@ -50,7 +50,8 @@
 //! due time by the host's own timer (not Redis's `hz` tick), or until a wake-up token
 //! arrives: one listener task per store BLPOPs the wake list on its own connection while
 //! anybody in the process waits, and hands back a token that arrives after everybody
-//! stopped waiting.
+//! stopped waiting. A token names the tenant whose runs became due: the claim after the
+//! wait visits it together with its read of the schedule.
 //!
 //! Event filters (`wait-for-event ... if`) are evaluated in Rust with
 //! [`wasq_core::event_matches`], so the semantics are exactly those of every other
@@ -93,7 +94,7 @@
 //! | `G due:<queue>` | zset | tenant with named queues → the next due time of that queue (0 while its lane holds runs, else the tenant's next maintenance: a run becoming due, a lease expiring, a wait timing out, a throttle opening). Workers taking every queue read `due` and `dueq`; a worker naming queues reads each one's `due:<queue>`, and `due` for `default` |
 //! | `G dlv` | zset | tenant → its earliest pending webhook delivery's due time (see `deliveries.rs`) |
 //! | `G seq` | hash | tenant → sequence number of the last applied `due` update (Cluster) |
-//! | `G wake` | list | wake-up tokens for `wait_for_work` (BLPOP), at most 64 |
+//! | `G wake` | list | wake-up tokens for `wait_for_work` (BLPOP), each the name of the tenant that published it ('1' from older versions: none), at most 64 |
 //! | `G wake:<queue>` | list | the same for workers naming the queue (tenants with named queues): one per run that entered its lane, one when its due time came earlier |
 //! | `P meta` | hash | `next` (last published due time), `seq` (its sequence number, on Cluster); with named queues `mq` = 1 and `next:<queue>` (each queue's); `feed`: the tenant feed is recorded until then; `crons` = 1 once `crons` is complete; the quotas the scripts enforce (`max_running`, `max_queued`, the storage quotas, mirrored by `directory.rs`; `qm` = 1 once they are here: an older wasq kept them in `P quotas`, which the first script that needs them moves here), read with `next`, `mq` and `feed` in one `HMGET` |
 //! | `P fn:<name>` | hash | name, digest, size_bytes, settings JSON, sv (its version: 16 hex of the SHA-1 of `digest\nsettings`), svd (`1`: `sv` names the component too; absent for a function deployed before, whose next enqueue gives it such a version), max_attempts, queue (absent: `default`), events JSON, schedule JSON, created_at, updated_at |

@@ -4,7 +4,8 @@
 //! again; and runs queued before `qfn:` existed (in `st:queued` and `byfn:`) are still
 //! listed, counted, held to `max_queued` and claimed. Also how a claim under a backlog
 //! visits the tenant the previous claim left first in line ahead of its read of the
-//! schedule, and what that may cost the other tenants (one claim's wait, no more).
+//! schedule, and what that may cost the other tenants (one claim's wait, no more); and how
+//! the claim after a wake-up visits the tenant its token names the same way.
 
 use wasq_core::*;
 use wasq_store_redis::RedisStore;
@@ -427,4 +428,74 @@ async fn a_claim_under_a_backlog_visits_the_tenant_left_first_in_line_ahead() {
     cancel_all(&store, "b", &b).await;
     clock.advance(21);
     assert_eq!(claim(2).await, (tenants(&["a", "a"]), 1));
+}
+
+/// Waits until the store's wake-up listener blocks on its lists.
+async fn listening(redis: &RedisServer) {
+    for _ in 0..500 {
+        if redis.cli(&["CLIENT", "LIST"]).contains("cmd=blpop") {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("the wake-up listener never blocked");
+}
+
+/// A wake-up token names the tenant whose runs became due, and the claim after the wait
+/// it ends visits that tenant together with its read of the schedule (one round trip).
+/// Shown by taking the tenant out of the schedule between the wake-up and the claim: a
+/// claim that went by its read alone would find nothing. A token that names no tenant
+/// (older versions pushed '1') still ends the wait and leads to no visit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wake_up_names_its_tenant_and_the_claim_after_it_visits_it_ahead() {
+    let redis = RedisServer::start(RedisOptions::default());
+    let clock = ManualClock::new(1_800_000_000_000);
+    let store = RedisStore::connect_with(
+        &redis.url(),
+        std::sync::Arc::new(clock.clone()),
+        wasq_store_redis::StoreOptions::default().with_namespace("woken"),
+    )
+    .await
+    .expect("connect");
+    deploy(&store, "a", "f").await;
+    let (due, wake) = ("woken:g:{woken}:due", "woken:g:{woken}:wake");
+    let wait = |store: RedisStore| {
+        tokio::spawn(async move {
+            store
+                .wait_for_work(std::time::Duration::from_secs(30), &[])
+                .await
+        })
+    };
+
+    let waiting = wait(store.clone());
+    listening(&redis).await;
+    enqueue(&store, "a", "f").await.expect("enqueue");
+    tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+        .await
+        .expect("the token ends the wait")
+        .unwrap()
+        .expect("wait");
+    assert_eq!(redis.cli(&["ZREM", due, "a"]).trim(), "1");
+    assert_eq!(
+        claim_tenants(&store, &redis, 2).await,
+        (vec!["a".to_string()], 1),
+        "a, named by the token, visited although the schedule no longer lists it"
+    );
+
+    enqueue(&store, "a", "f").await.expect("enqueue");
+    redis.cli(&["ZREM", due, "a"]);
+    redis.cli(&["DEL", wake]);
+    let waiting = wait(store.clone());
+    listening(&redis).await;
+    redis.cli(&["LPUSH", wake, "1"]);
+    tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+        .await
+        .expect("a token without a tenant ends the wait too")
+        .unwrap()
+        .expect("wait");
+    assert_eq!(
+        claim_tenants(&store, &redis, 2).await,
+        (vec![], 0),
+        "no tenant named: the claim goes by the schedule alone"
+    );
 }

@@ -4,13 +4,14 @@
 -- `qs`: nil for a tenant with only the default queue, else flat (queue, next due or '',
 -- runs that entered its lane) triples; `update`: the due times are newer than what the
 -- keys hold.
--- A list that holds WAKEMAX tokens already stays as it is (every token is the same '1'):
--- while no worker waits, as when all are busy, an enqueue costs an LLEN, not a push and
--- a trim.
-local function push_tokens(key, n)
+-- A token names the tenant (the worker it wakes visits that tenant in the claim that reads
+-- the schedule, one round trip instead of two). A list that holds WAKEMAX tokens already
+-- stays as it is: while no worker waits, as when all are busy, an enqueue costs an LLEN,
+-- not a push and a trim, and any token wakes a worker, whose claim reads the schedule.
+local function push_tokens(key, n, tenant)
   if rcall('LLEN', key) >= @WAKEMAX@ then return end
   local tokens = {}
-  for i = 1, math.min(n, @WAKEMAX@) do tokens[i] = '1' end
+  for i = 1, math.min(n, @WAKEMAX@) do tokens[i] = tenant end
   rcall('LPUSH', key, unpack(tokens))
   rcall('LTRIM', key, 0, @WAKEMAX@ - 1)
 end
@@ -34,7 +35,7 @@ end
 local function apply_hint(G, tenant, ns, wake, update, qs, old)
   if not qs then
     if update then wake = set_due(G .. 'due', tenant, ns, wake, old) end
-    if wake > 0 then push_tokens(G .. 'wake', wake) end
+    if wake > 0 then push_tokens(G .. 'wake', wake, tenant) end
     return
   end
   if update then
@@ -42,10 +43,10 @@ local function apply_hint(G, tenant, ns, wake, update, qs, old)
     rcall('ZREM', G .. 'due', tenant)
     wake = set_due(G .. 'dueq', tenant, ns, wake)
   end
-  if wake > 0 then push_tokens(G .. 'wake', wake) end
+  if wake > 0 then push_tokens(G .. 'wake', wake, tenant) end
   for i = 1, #qs, 3 do
     local q, qwake = qs[i], tonumber(qs[i + 2])
     if update then qwake = set_due(G .. 'due:' .. q, tenant, qs[i + 1], qwake) end
-    if qwake > 0 then push_tokens(G .. 'wake:' .. q, qwake) end
+    if qwake > 0 then push_tokens(G .. 'wake:' .. q, qwake, tenant) end
   end
 end
