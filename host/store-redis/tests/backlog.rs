@@ -338,6 +338,19 @@ async fn cancel_all(store: &RedisStore, tenant: &str, ids: &[String]) {
     }
 }
 
+/// A store on `redis` in namespace `ns` whose clock stands still until advanced.
+async fn manual_store(redis: &RedisServer, ns: &str) -> (RedisStore, ManualClock) {
+    let clock = ManualClock::new(1_800_000_000_000);
+    let store = RedisStore::connect_with(
+        &redis.url(),
+        std::sync::Arc::new(clock.clone()),
+        wasq_store_redis::StoreOptions::default().with_namespace(ns),
+    )
+    .await
+    .expect("connect");
+    (store, clock)
+}
+
 /// The tenants of a claim of `limit` runs, sorted, and how many script calls it made.
 async fn claim_tenants(
     store: &RedisStore,
@@ -375,14 +388,7 @@ async fn claim_tenants(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_under_a_backlog_visits_the_tenant_left_first_in_line_ahead() {
     let redis = RedisServer::start(RedisOptions::default());
-    let clock = ManualClock::new(1_800_000_000_000);
-    let store = RedisStore::connect_with(
-        &redis.url(),
-        std::sync::Arc::new(clock.clone()),
-        wasq_store_redis::StoreOptions::default().with_namespace("ahead"),
-    )
-    .await
-    .expect("connect");
+    let (store, clock) = manual_store(&redis, "ahead").await;
     for t in ["a", "b", "c"] {
         deploy(&store, t, "f").await;
     }
@@ -449,14 +455,7 @@ async fn listening(redis: &RedisServer) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wake_up_names_its_tenant_and_the_claim_after_it_visits_it_ahead() {
     let redis = RedisServer::start(RedisOptions::default());
-    let clock = ManualClock::new(1_800_000_000_000);
-    let store = RedisStore::connect_with(
-        &redis.url(),
-        std::sync::Arc::new(clock.clone()),
-        wasq_store_redis::StoreOptions::default().with_namespace("woken"),
-    )
-    .await
-    .expect("connect");
+    let (store, _clock) = manual_store(&redis, "woken").await;
     deploy(&store, "a", "f").await;
     let (due, wake) = ("woken:g:{woken}:due", "woken:g:{woken}:wake");
     let wait = |store: RedisStore| {
