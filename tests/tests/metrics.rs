@@ -98,6 +98,7 @@ async fn metrics_count_a_known_workload() {
     );
     assert_eq!(value(&m, "wasq_runs", &[t, ("function", "echo")]), None);
     assert_eq!(must(&m, "wasq_oldest_queued_run_age_seconds", &[t]), 60.0);
+    assert_eq!(must(&m, "wasq_tenant_max_running", &[t]), 64.0);
     // Counters of this process.
     assert_eq!(
         must(&m, "wasq_attempts_total", &[t, ("outcome", "succeeded")]),

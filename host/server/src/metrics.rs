@@ -189,6 +189,9 @@ pub(crate) async fn scrape(
             metrics::gauge!("wasq_tenant_stored_bytes", &labels).set(u.stored_bytes as f64);
             metrics::gauge!("wasq_tenant_max_stored_bytes", &labels)
                 .set(quotas.max_stored_bytes as f64);
+            // Beside wasq_runs{status="running"}: a tenant at its quota has runs that
+            // wait for it, not for workers.
+            metrics::gauge!("wasq_tenant_max_running", &labels).set(f64::from(quotas.max_running));
         }
         for (tenant, function, status) in reported.difference(&current) {
             let labels = [
