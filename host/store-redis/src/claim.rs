@@ -86,8 +86,7 @@ impl RedisStore {
                 None => return,
             }
         };
-        let mut next = self.inner.next_up.lock().unwrap_or_else(|p| p.into_inner());
-        next.insert(queue, (self.now(), tenant.to_owned(), 1));
+        self.set_next_up(&queue, tenant, 1);
     }
 
     /// The schedules a claim of `queue` reads (`None`: every queue): tenants with only
@@ -262,8 +261,8 @@ impl RedisStore {
             }
             candidates.extend(visits.filled.drain(..));
         }
-        if visits.remaining == 0 {
-            self.set_next_up(queues, &candidates);
+        if let (0, Some(first)) = (visits.remaining, candidates.front()) {
+            self.set_next_up(queues, first, candidates.len());
         }
         match visits.first_error {
             Some(e) if visits.claimed.is_empty() => Err(e),
@@ -279,14 +278,11 @@ impl RedisStore {
         (now - at < NEXT_UP_FRESH_MS).then_some((tenant, left))
     }
 
-    fn set_next_up(&self, queues: &str, candidates: &VecDeque<String>) {
-        if let Some(first) = candidates.front() {
-            let mut next = self.inner.next_up.lock().unwrap_or_else(|p| p.into_inner());
-            next.insert(
-                queues.to_owned(),
-                (self.now(), first.clone(), candidates.len()),
-            );
-        }
+    /// The next claim of `queues` visits `tenant` ahead with the share of `left` tenants
+    /// in line (a claim that filled its limit, or a wake-up naming the tenant).
+    fn set_next_up(&self, queues: &str, tenant: &str, left: usize) {
+        let mut next = self.inner.next_up.lock().unwrap_or_else(|p| p.into_inner());
+        next.insert(queues.to_owned(), (self.now(), tenant.to_owned(), left));
     }
 
     pub(crate) async fn renew_leases(
