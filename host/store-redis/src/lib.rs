@@ -99,7 +99,7 @@
 //! | `P meta` | hash | `next` (last published due time), `seq` (its sequence number, on Cluster); with named queues `mq` = 1 and `next:<queue>` (each queue's); `feed`: the tenant feed is recorded until then; `crons` = 1 once `crons` is complete; the quotas the scripts enforce (`max_running`, `max_queued`, the storage quotas, mirrored by `directory.rs`; `qm` = 1 once they are here: an older wasq kept them in `P quotas`, which the first script that needs them moves here), read with `next`, `mq` and `feed` in one `HMGET` |
 //! | `P fn:<name>` | hash | name, digest, size_bytes, settings JSON, sv (its version: 16 hex of the SHA-1 of `digest\nsettings`), svd (`1`: `sv` names the component too; absent for a function deployed before, whose next enqueue gives it such a version), max_attempts, queue (absent: `default`), events JSON, schedule JSON, created_at, updated_at |
 //! | `P queues` | set | the tenant's queues besides `default` (named by deploys; it only grows) |
-//! | `P qload` | hash | `<queue>\|queued`, `<queue>\|running` → runs of a named queue (the default queue's are the rest of the tenant's: `nq` and `st:queued`, `st:running`) |
+//! | `P qload` | hash | `<queue>\|queued`, `<queue>\|running` → runs of a named queue (the default queue's are the rest of the tenant's: `nq` and `st:queued`, `leases`) |
 //! | `P fns` | set | function names |
 //! | `P crons` | set | the functions with a schedule (kept by deploys: the cron scheduler reads their schedules each second, and no other function); `meta.crons` marks it complete (built once from `fns` for a tenant deployed before it) |
 //! | `P sub:<event>` | set | functions started by the event |
@@ -122,12 +122,12 @@
 //! | `P gtimer`, `P tcfg` | zset, hash | throttle gates with parked runs by when their window opens; their `limit\|period` |
 //! | `P deb` | hash | debounce gate → its pending run |
 //! | `P rdig` | hash | `\|sv` (a settings version, which names the component; older runs: `digest\|sv`, or the digest alone) → runs that pin them (each run counts itself in; `meta.rdig` marks it complete: set by a deploy while the tenant has no runs, else built once from the runs) |
-//! | `P leases` | zset | running runs by lease expiry |
+//! | `P leases` | zset | running runs by lease expiry: also their status index |
 //! | `P timeouts` | zset | waiting runs with a time limit, by that limit |
 //! | `P qfn:<function>` | zset | queued runs of a function by creation time: a queued run is in this index alone besides its lane, `ready` or `park:` (one entry less per run of a backlog, ~150 B) |
 //! | `P nq` | string | the tenant's queued runs (for `max_queued`) plus one, tallied by each script call and written once; absent for a tenant from before it, whose first call that changes it counts them from the indexes |
 //! | `P byfn:<function>` | zset | runs of a function by creation time, in any status but queued |
-//! | `P st:<status>` | zset | runs in a status by creation time, for every status but queued (`st:queued` holds runs queued before `qfn:`, until they leave the status); between them and the `qfn:` indexes, every run: an unfiltered listing merges them |
+//! | `P st:<status>` | zset | runs in a status by creation time, for every status but queued and running (`st:queued` holds runs queued before `qfn:`, until they leave the status; a running run's index is its lease, and `st:running`, which an older wasq kept, goes at the tenant's first purge); between them, `leases` and the `qfn:` indexes, every run: an unfiltered listing merges them, running runs ordered by their ids (which begin with their creation time) |
 //! | `P kids:<parent>` | zset | child runs by creation time |
 //! | `P ended:ok`, `P ended:bad` | zset | succeeded / failed and cancelled runs by finish time (purge) |
 //! | `P idem:<function>` | hash | idempotency key → `created_at:run id` |

@@ -14,12 +14,14 @@ impl RedisStore {
         limit: usize,
     ) -> Result<Vec<RunId>, StoreError> {
         // An id starts with its run's creation time (wasq_core::ids) and the `st:` and
-        // `qfn:` indexes hold every run between them by creation time, so the prefix's
-        // time window holds exactly the runs whose ids share its time digits. Each of them
-        // matches a prefix of up to 12 digits, so one page of each index answers; a longer
-        // prefix names one millisecond, whose runs are read a page at a time until `limit`
-        // match or none is left. Within an index ids come in order, so the `limit`
-        // smallest of all are among the first `limit` matches of each.
+        // `qfn:` indexes hold every run but the running ones between them by creation
+        // time, so the prefix's time window holds exactly the runs whose ids share its
+        // time digits. Each of them matches a prefix of up to 12 digits, so one page of
+        // each index answers; a longer prefix names one millisecond, whose runs are read a
+        // page at a time until `limit` match or none is left. Within an index ids come in
+        // order, so the `limit` smallest of all are among the first `limit` matches of
+        // each. Running runs are indexed by their lease alone (`leases`, by expiry; there
+        // are at most the tenant's max_running): read whole and matched here.
         const PAGE: usize = 1_000;
         let (lo, hi) = wasq_core::ids::prefix_window(prefix);
         let tenant_prefix = self.tenant_prefix(tenant);
@@ -28,6 +30,7 @@ impl RedisStore {
             .await?;
         let keys: Vec<String> = RunStatus::ALL
             .iter()
+            .filter(|s| **s != RunStatus::Running)
             .map(|s| format!("{tenant_prefix}st:{s}"))
             .chain(fns.iter().map(|f| format!("{tenant_prefix}qfn:{f}")))
             .collect();
@@ -47,9 +50,19 @@ impl RedisStore {
         for key in &keys {
             pipe.add_command(range(key, 0));
         }
+        pipe.cmd("ZRANGE")
+            .arg(format!("{tenant_prefix}leases"))
+            .arg(0)
+            .arg(-1);
         let mut c = self.inner.conn.clone();
-        let firsts: Vec<Vec<String>> = self.timed(pipe.query_async(&mut c)).await?;
-        let mut found = Vec::new();
+        let mut firsts: Vec<Vec<String>> = self.timed(pipe.query_async(&mut c)).await?;
+        // A lease entry can outlive its run's status (the claim that meets it drops it):
+        // such a run is in another index too, and counted once.
+        let leased = firsts.pop().unwrap_or_default();
+        let mut found: Vec<String> = leased
+            .into_iter()
+            .filter(|id| id.starts_with(prefix))
+            .collect();
         for (key, mut ids) in keys.iter().zip(firsts) {
             let mut matched = 0;
             for offset in (PAGE..).step_by(PAGE) {
@@ -64,6 +77,7 @@ impl RedisStore {
             }
         }
         found.sort();
+        found.dedup();
         found.truncate(limit);
         Ok(found)
     }
@@ -160,6 +174,8 @@ impl RedisStore {
         }
         match q.status {
             Some(RunStatus::Queued) => covers.push(vec!["*queued".to_owned()]),
+            // A running run is indexed by its lease alone (see `prelude.lua`).
+            Some(RunStatus::Running) => covers.push(vec!["leases".to_owned()]),
             Some(s) => covers.push(vec![format!("st:{s}")]),
             None => {}
         }
@@ -327,7 +343,7 @@ impl RedisStore {
             .await?;
         let queued = self.queued_runs(&p).await?;
         let running: u64 = self
-            .query(redis::cmd("ZCARD").arg(format!("{p}st:running")))
+            .query(redis::cmd("ZCARD").arg(format!("{p}leases")))
             .await?;
         let mut by_queue: BTreeMap<String, (u64, u64)> = BTreeMap::new();
         let (mut named_queued, mut named_running) = (0u64, 0u64);

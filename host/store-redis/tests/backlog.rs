@@ -244,8 +244,13 @@ async fn a_queued_run_is_indexed_once_and_older_queued_runs_still_count() {
         other => panic!("an eighth run past max_queued 7: {other:?}"),
     }
 
+    // An index an older wasq kept of running runs, with a run of another status in it:
+    // read by nothing now, dropped by the tenant's first purge.
+    server.cli(&["ZADD", &format!("{}st:running", keys.p), "1", &old[0].id]);
+
     // Claimed, each leaves its queued index (`qfn:`, or `st:queued` for the older ones,
-    // already in `byfn:`) for `byfn:` and `st:running`, and the count drops to none.
+    // already in `byfn:`) for `byfn:` and its lease (a running run's only status index),
+    // and the count drops to none.
     let claimed = store
         .claim(ClaimRequest {
             worker: "w".into(),
@@ -264,11 +269,57 @@ async fn a_queued_run_is_indexed_once_and_older_queued_runs_still_count() {
         keys.members("byfn:g"),
         sorted(&g.iter().collect::<Vec<_>>())
     );
-    assert_eq!(keys.members("st:running"), sorted(&all));
+    assert_eq!(keys.members("leases"), sorted(&all));
+    assert_eq!(keys.members("st:running"), vec![old[0].id.clone()]);
     assert_eq!(
         list(&store, None, Some(RunStatus::Running)).await,
         newest_first(all.clone())
     );
+    assert_eq!(list(&store, None, None).await, newest_first(all.clone()));
+    assert_eq!(
+        list(&store, Some("f"), Some(RunStatus::Running)).await,
+        newest_first(of_f.clone())
+    );
+    // Listed by creation time (their ids'), not by lease expiry: a renewal that puts the
+    // oldest run's lease last changes no order; `since` bounds by creation time.
+    server.cli(&[
+        "ZADD",
+        &format!("{}leases", keys.p),
+        "9999999999999",
+        &old[0].id,
+    ]);
+    assert_eq!(
+        list(&store, None, Some(RunStatus::Running)).await,
+        newest_first(all.clone())
+    );
+    let since = store
+        .runs(RunQuery {
+            tenant: "t".into(),
+            status: Some(RunStatus::Running),
+            since: Some(g[0].created_at),
+            limit: 100,
+            ..RunQuery::default()
+        })
+        .await
+        .unwrap();
+    let later: Vec<&Run> = all
+        .iter()
+        .copied()
+        .filter(|r| r.created_at >= g[0].created_at)
+        .collect();
+    assert_eq!(
+        since.iter().map(|r| r.id.clone()).collect::<Vec<_>>(),
+        newest_first(later)
+    );
+    // A prefix finds a running run; the whole id, only it.
+    for run in &all {
+        assert_eq!(
+            store.run_ids("t", &run.id, 5).await.unwrap(),
+            vec![run.id.clone()]
+        );
+    }
+    let depths = store.queue_depths("t").await.unwrap();
+    assert_eq!((depths[0].queued, depths[0].running), (0, 7));
     assert!(list(&store, None, Some(RunStatus::Queued)).await.is_empty());
     let load = store.load("t").await.unwrap();
     assert_eq!(load.oldest_queued_at, None);
@@ -289,7 +340,18 @@ async fn a_queued_run_is_indexed_once_and_older_queued_runs_still_count() {
     };
     store.end_attempt(&back.lease, failed).await.expect("fail");
     let id = &g[0].id;
-    assert!(keys.has("qfn:g", id) && !keys.has("byfn:g", id) && !keys.has("st:running", id));
+    assert!(keys.has("qfn:g", id) && !keys.has("byfn:g", id) && !keys.has("leases", id));
+    // A lease entry left behind (as the claim that meets it would drop) lists nothing
+    // twice and nothing that is not running.
+    server.cli(&["ZADD", &format!("{}leases", keys.p), "1", id]);
+    assert_eq!(
+        list(&store, None, Some(RunStatus::Running)).await.len(),
+        6,
+        "the requeued run is not listed as running"
+    );
+    assert_eq!(list(&store, None, None).await, newest_first(all.clone()));
+    assert_eq!(store.run_ids("t", id, 5).await.unwrap(), vec![id.clone()]);
+    server.cli(&["ZREM", &format!("{}leases", keys.p), id]);
     assert_eq!(keys.nq(), Some(1));
     assert_eq!(list(&store, Some("g"), None).await, newest_first(&g));
     assert_eq!(
@@ -313,6 +375,23 @@ async fn a_queued_run_is_indexed_once_and_older_queued_runs_still_count() {
         list(&store, Some("g"), Some(RunStatus::Cancelled)).await,
         vec![id.clone()]
     );
+
+    // The first purge drops the older wasq's index of running runs.
+    store
+        .purge(PurgeRequest {
+            succeeded_before: 0,
+            failed_before: 0,
+            limit: 10,
+        })
+        .await
+        .expect("purge");
+    assert_eq!(
+        server
+            .cli(&["EXISTS", &format!("{}st:running", keys.p)])
+            .trim(),
+        "0"
+    );
+    assert_eq!(list(&store, None, Some(RunStatus::Running)).await.len(), 6);
 }
 
 /// `n` runs of the function `f` of `tenant`, their ids.

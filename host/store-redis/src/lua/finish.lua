@@ -81,7 +81,8 @@ local function finish(e)
   -- MOVE_FIELDS are not read: each field an HMGET asks for costs about 2k instructions,
   -- a scan of the whole packed hash when it is absent.
   local h = rcall('HMGET', rk, 'status', 'created_at', 'cgate', 'qu', 'lease_token',
-    'resumed', 'cancel_requested', 'error', 'output', 'resolution', 'nosteps', 'attempt')
+    'resumed', 'cancel_requested', 'error', 'output', 'resolution', 'nosteps', 'attempt',
+    'sbytes')
   local m = { h[1], h[2], false, false, h[3], false, h[4], h[5], h[6], h[7], h[8], h[9],
     h[10], h[11], h[12] }
   if not m[1] then return { 'not_found' } end
@@ -94,10 +95,11 @@ local function finish(e)
   end
   -- Steps and an output over a storage quota are refused before anything changes; the
   -- worker then fails the run (an error is always stored). An output is kept twice, as
-  -- the run's output and in the resolution its waiters receive.
+  -- the run's output and in the resolution its waiters receive. (The run's bytes come
+  -- with the HMGET: a field it asks for costs less than an HGET of its own.)
   local n = adding(e, t, m[14] == '1')
   if n then
-    local full = run_full(id, nil, n)
+    local full = run_full(id, tonumber(h[13] or '0') + pending(id, 'sbytes'), n)
     if full then return full end
   end
   -- The run's first step written here (`adding` found it) leaves its `nosteps` to go

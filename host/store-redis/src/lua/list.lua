@@ -12,15 +12,36 @@ for i = 9, #ARGV do
     keys[#keys + 1] = P .. ARGV[i]
   end
 end
+-- Running runs are indexed by their lease alone (`leases`, scored by expiry): their
+-- creation time is their id's first 48 bits (wasq_core::ids), and an entry whose run left
+-- the status (dropped by the claim that meets it) is not listed.
+local leased = false
+for _, k in ipairs(keys) do
+  if k == KLEASES then leased = true end
+end
+local function bound(v, inf)
+  if v == '+inf' or v == '-inf' then return inf end
+  return tonumber(v)
+end
 local ids
-if #keys == 1 then
+if #keys == 1 and not leased then
   ids = rcall('ZREVRANGEBYSCORE', keys[1], ARGV[7], ARGV[8], 'LIMIT', start, page)
 else
   local all = {}
+  local hi, lo = bound(ARGV[7], math.huge), bound(ARGV[8], -math.huge)
   for _, k in ipairs(keys) do
-    local got = rcall('ZREVRANGEBYSCORE', k, ARGV[7], ARGV[8], 'WITHSCORES',
-      'LIMIT', 0, start + page)
-    for i = 1, #got, 2 do all[#all + 1] = { tonumber(got[i + 1]), got[i] } end
+    if k == KLEASES then
+      for _, id in ipairs(rcall('ZRANGE', k, 0, -1)) do
+        local t = tonumber(string.sub(id, 1, 8) .. string.sub(id, 10, 13), 16)
+        if t and t >= lo and t <= hi and rcall('HGET', runkey(id), 'status') == 'running' then
+          all[#all + 1] = { t, id }
+        end
+      end
+    else
+      local got = rcall('ZREVRANGEBYSCORE', k, ARGV[7], ARGV[8], 'WITHSCORES',
+        'LIMIT', 0, start + page)
+      for i = 1, #got, 2 do all[#all + 1] = { tonumber(got[i + 1]), got[i] } end
+    end
   end
   -- As one index would order them: score, then member, both descending.
   table.sort(all, function(a, b)

@@ -1,8 +1,8 @@
 -- The tenant's unended runs per function and status (a function's `qfn:` index, and the
--- intersection of its `byfn:` index with `st:<status>`: for queued runs from before
--- `qfn:`, `st:queued`), and its oldest queued run's creation time. ARGV[5..]: the
--- statuses. Answers 'ok', the oldest ('' for none), then (function, status, count)
--- triples with a count.
+-- intersection of its `byfn:` index with `st:<status>` — `leases` for running runs, and
+-- for queued runs from before `qfn:`, `st:queued`), and its oldest queued run's creation
+-- time. ARGV[5..]: the statuses. Answers 'ok', the oldest ('' for none), then
+-- (function, status, count) triples with a count.
 local out = {}
 local fns = rcall('SMEMBERS', P .. 'fns')
 table.sort(fns)
@@ -19,7 +19,8 @@ for _, f in ipairs(fns) do
       end
     end
     if ARGV[i] ~= 'queued' or legacy then
-      n = n + rcall('ZINTERCARD', 2, byfnkey(f), stkey(ARGV[i]))
+      local k = ARGV[i] == 'running' and KLEASES or stkey(ARGV[i])
+      n = n + rcall('ZINTERCARD', 2, byfnkey(f), k)
     end
     if n > 0 then
       out[#out + 1] = f

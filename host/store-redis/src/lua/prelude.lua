@@ -22,10 +22,16 @@ local KRDIG, KSETS, KTCFG, KDEB, KST, KQUEUES, KLANES, KNQ, KQFN, KBYFN
 -- settle_charges (a claim of 50 runs writes it once, not 50 times).
 local NQDELTA
 -- Every status a run can have. A queued run is indexed by its function, `qfn:<function>`;
--- a run in any other status by the status, `st:<status>`, and by its function,
--- `byfn:<function>`. So a run of a backlog costs one index entry (~150 B) besides its
--- lane's, `qfn:<f>` with `byfn:<f>` hold a function's runs, and `st:` with every `qfn:`
+-- a run in any other status by its function, `byfn:<function>`, and by the status,
+-- `st:<status>` — but a running run by its lease (`leases`) alone: it is there anyway,
+-- and a second small zset written at every claim and end cost about 5% of a drained
+-- run's Redis instructions (a packed zset of up to 128 runs is scanned whole at each
+-- insert). So a run of a backlog costs one index entry (~150 B) besides its lane's,
+-- `qfn:<f>` with `byfn:<f>` hold a function's runs, and `st:`, `leases` and every `qfn:`
 -- the tenant's (there is no index of all runs: an unfiltered listing merges these).
+-- `leases` is scored by expiry, not creation: a listing orders its runs by their ids,
+-- which begin with their creation time (wasq_core::ids). An older wasq kept running runs
+-- in `st:running` too: nothing reads it now, and a tenant's first purge drops it.
 -- Runs queued before `qfn:` existed stay in `st:queued` and `byfn:` until they leave the
 -- status. `nq` counts the queued runs (for max_queued) plus one: a key the first INCRBY
 -- creates (a tenant from before the count) is told from one that held 0 runs, and counted.
@@ -43,11 +49,16 @@ local function stkey(status) return named_key(KST, 'st:', status) end
 local function qfnkey(f) return named_key(KQFN, 'qfn:', f) end
 local function byfnkey(f) return named_key(KBYFN, 'byfn:', f) end
 -- The indexes that hold every run of the tenant between them: `st:<status>` for each
--- status and `qfn:<function>` for each function (`queued`: only those a queued run is in).
+-- status but running, `leases`, and `qfn:<function>` for each function (`queued`: only
+-- those a queued run is in).
 local function run_indexes(queued)
   local keys = {}
   for _, status in ipairs(STATUSES) do
-    if not queued or status == 'queued' then keys[#keys + 1] = stkey(status) end
+    if status == 'running' then
+      if not queued then keys[#keys + 1] = KLEASES end
+    elseif not queued or status == 'queued' then
+      keys[#keys + 1] = stkey(status)
+    end
   end
   for _, f in ipairs(rcall('SMEMBERS', P .. 'fns')) do keys[#keys + 1] = qfnkey(f) end
   return keys
@@ -65,7 +76,7 @@ local function queued_count()
   return count_queued()
 end
 -- Moves run `id` of function `f` (created at `created`) from status index `old` (nil: a new
--- run) to `new`'s.
+-- run) to `new`'s. (A running run's is its lease, which `move` keeps.)
 local function reindex(id, f, old, new, created)
   if old == 'queued' then
     NQDELTA = NQDELTA - 1
@@ -74,7 +85,7 @@ local function reindex(id, f, old, new, created)
     else
       rcall('ZREM', stkey('queued'), id)
     end
-  elseif old then
+  elseif old and old ~= 'running' then
     rcall('ZREM', stkey(old), id)
   end
   if new == 'queued' then
@@ -83,7 +94,7 @@ local function reindex(id, f, old, new, created)
     NQDELTA = NQDELTA + 1
   else
     if not old then rcall('ZADD', byfnkey(f), created, id) end
-    rcall('ZADD', stkey(new), created, id)
+    if new ~= 'running' then rcall('ZADD', stkey(new), created, id) end
   end
 end
 
@@ -186,7 +197,14 @@ local function pending(id, f)
   local d = RDELTA[id]
   return d and d[f] or 0
 end
-local function stored() return tonumber(rcall('HGET', KUSAGE, 'stored') or '0') + TDELTA end
+-- USED: the tenant's stored bytes as this call read them (nil: not read yet). Only
+-- settle_charges writes them, when the call returns, so one read serves a whole batch of
+-- ends (it was an HGET per end).
+local USED
+local function stored()
+  if not USED then USED = tonumber(rcall('HGET', KUSAGE, 'stored') or '0') end
+  return USED + TDELTA
+end
 -- Writes the call's charges. A run deleted within the call must have none pending.
 local function settle_charges()
   if TDELTA ~= 0 then rcall('HINCRBY', KUSAGE, 'stored', TDELTA) end
@@ -201,7 +219,7 @@ local function settle_charges()
       if n ~= 0 then rcall('HINCRBY', rk, f, n) end
     end
   end
-  TDELTA, RDELTA, UEXEC, UFUEL, NQDELTA = 0, {}, 0, 0, 0
+  TDELTA, RDELTA, UEXEC, UFUEL, NQDELTA, USED = 0, {}, 0, 0, 0, nil
 end
 -- nil when the tenant has room for n more bytes, else the reply refusing them. Usage is
 -- only read when there is a quota to hold it against.
@@ -492,7 +510,7 @@ local function due_members(key, limit)
 end
 
 -- A named queue's queued and running runs (`qload`: `<queue>|queued`, `<queue>|running`);
--- the default queue's are the rest of the tenant's (queued_count, `st:running`).
+-- the default queue's are the rest of the tenant's (queued_count, `leases`).
 local function queue_load(q, status, n)
   if status == 'queued' or status == 'running' then
     rcall('HINCRBY', P .. 'qload', q .. '|' .. status, n)
@@ -828,7 +846,7 @@ local function enter(args)
   NOWS = args[3]
   KEY = @KEY_COST@ + #P
   QUOTAS, METAH = nil, nil
-  TDELTA, RDELTA, UEXEC, UFUEL, NQDELTA = 0, {}, 0, 0, 0
+  TDELTA, RDELTA, UEXEC, UFUEL, NQDELTA, USED = 0, {}, 0, 0, 0, nil
   QLIST, LANEADD, TAKES, HEADS, MINADD = nil, {}, false, {}, nil
   FEEDQ, FEEDUNTIL = {}, nil
   if P ~= KP then

@@ -29,11 +29,17 @@ local function delete(id)
   end
   rcall('DEL', dk)
 end
--- Runs were once also kept in an index of all runs, `all`: a tenant's first purge since
--- drops it (UNLINK frees it off Redis's main thread).
-if rcall('HGET', KMETA, 'noall') ~= '1' then
+-- Indexes an older wasq kept: of all runs, `all`, and of running runs, `st:running`
+-- (they are indexed by their lease alone now). A tenant's first purge since drops them
+-- (UNLINK frees them off Redis's main thread).
+local dropped = rcall('HMGET', KMETA, 'noall', 'norun')
+if dropped[1] ~= '1' then
   rcall('UNLINK', P .. 'all')
   rcall('HSET', KMETA, 'noall', '1')
+end
+if dropped[2] ~= '1' then
+  rcall('UNLINK', stkey('running'))
+  rcall('HSET', KMETA, 'norun', '1')
 end
 for _, pair in ipairs({ { 'ended:ok', ARGV[5] }, { 'ended:bad', ARGV[6] } }) do
   if n < LIMIT then
