@@ -122,7 +122,7 @@
 //! | `P gtimer`, `P tcfg` | zset, hash | throttle gates with parked runs by when their window opens; their `limit\|period` |
 //! | `P deb` | hash | debounce gate → its pending run |
 //! | `P rdig` | hash | `\|sv` (a settings version, which names the component; older runs: `digest\|sv`, or the digest alone) → runs that pin them (each run counts itself in; `meta.rdig` marks it complete: set by a deploy while the tenant has no runs, else built once from the runs) |
-//! | `P leases` | zset | running runs by lease expiry: also their status index |
+//! | `P leases` | zset | running runs by lease expiry: also their status index; and `LEASE_PIN` at `+inf`, which keeps it a skiplist (counts and heads leave it out) |
 //! | `P timeouts` | zset | waiting runs with a time limit, by that limit |
 //! | `P qfn:<function>` | zset | queued runs of a function by creation time: a queued run is in this index alone besides its lane, `ready` or `park:` (one entry less per run of a backlog, ~150 B) |
 //! | `P nq` | string | the tenant's queued runs (for `max_queued`) plus one, tallied by each script call and written once; absent for a tenant from before it, whose first call that changes it counts them from the indexes |
@@ -288,6 +288,14 @@ pub(crate) const COST: CostModel = CostModel {
 /// empty list or hash), charged when the run's first line or step creates it, besides
 /// the key name's prefix.
 pub(crate) const KEY_COST: u64 = 135;
+/// A member kept in every tenant's `leases` (score `+inf`) so that Redis never packs it:
+/// a zset stays a listpack while it holds at most 128 members of at most 64 bytes
+/// (`zset-max-listpack-*`), and a listpack is scanned whole at each insert — the
+/// `leases` of a worker at concurrency 50 held about 100, and each claim's insert cost
+/// ~26k instructions, about 5% of a drained run's; a skiplist's costs ~2k. Longer than 64
+/// bytes, and not an id (ids are hex digits and dashes): no reader takes it for a run.
+pub(crate) const LEASE_PIN: &str =
+    "~ a member longer than 64 bytes: keeps this zset a skiplist (see LEASE_PIN) ~";
 /// What a run's hash costs once it is a hash table rather than packed: Redis keeps a hash
 /// as a listpack while every value is at most 64 bytes (`hash-max-listpack-value`), and
 /// converts it for good at the first longer one (an input, output or error over 64

@@ -50,10 +50,10 @@ impl RedisStore {
         for key in &keys {
             pipe.add_command(range(key, 0));
         }
-        pipe.cmd("ZRANGE")
+        pipe.cmd("ZRANGEBYSCORE")
             .arg(format!("{tenant_prefix}leases"))
-            .arg(0)
-            .arg(-1);
+            .arg("-inf")
+            .arg("(+inf");
         let mut c = self.inner.conn.clone();
         let mut firsts: Vec<Vec<String>> = self.timed(pipe.query_async(&mut c)).await?;
         // A lease entry can outlive its run's status (the claim that meets it drops it):
@@ -342,8 +342,14 @@ impl RedisStore {
             .query(redis::cmd("HGETALL").arg(format!("{p}qload")))
             .await?;
         let queued = self.queued_runs(&p).await?;
+        // Every lease but the pin (LEASE_PIN, at +inf).
         let running: u64 = self
-            .query(redis::cmd("ZCARD").arg(format!("{p}leases")))
+            .query(
+                redis::cmd("ZCOUNT")
+                    .arg(format!("{p}leases"))
+                    .arg("-inf")
+                    .arg("(+inf"),
+            )
             .await?;
         let mut by_queue: BTreeMap<String, (u64, u64)> = BTreeMap::new();
         let (mut named_queued, mut named_running) = (0u64, 0u64);

@@ -58,6 +58,7 @@ fn placeholders() -> Vec<(&'static str, String)> {
             ),
         ),
         ("@KEY_COST@", crate::KEY_COST.to_string()),
+        ("@LEASE_PIN@", format!("'{}'", crate::LEASE_PIN)),
         ("@UNPACK@", crate::UNPACK_COST.to_string()),
         ("@SET_COST@", crate::SET_COST.to_string()),
         ("@INPUT_KEY_COST@", crate::INPUT_KEY_COST.to_string()),

@@ -561,6 +561,16 @@ async fn the_published_due_time_is_never_later_than_the_tenants_next() {
         "{retry:?}"
     );
     assert_eq!(published(), Some(1_100_500), "the retry's due time");
+    // Nothing left: the visit that finds nothing takes the tenant out of the schedule
+    // (the pin that keeps `leases` a skiplist, at +inf, is no due time).
+    clock.set(1_100_500);
+    let last = store.claim(claim_req(10)).await.unwrap();
+    assert_eq!(last.len(), 1);
+    succeed(&store, &last[0].lease).await;
+    clock.set(1_100_500 + 30_000);
+    assert!(store.claim(claim_req(10)).await.unwrap().is_empty());
+    let due = server.cli(&["ZSCORE", "pub:g:{pub}:due", "t"]);
+    assert_eq!(due.trim(), "", "nothing is due");
 }
 
 /// A run waiting for a free slot (the tenant's max_running) becomes claimable when a run

@@ -93,7 +93,7 @@ for _, id in ipairs(due_members(KREADY, '@PROMOTE_BATCH@')) do
 end
 local room = LIMIT
 local maxr = quota('max_running')
-if maxr then room = math.min(room, maxr - rcall('ZCARD', KLEASES)) end
+if maxr then room = math.min(room, maxr - leased()) end
 local out = {}
 local parks = @PARK_BUDGET@
 local ATT_COST, claimed_bytes = C_ATT + #WORKER_JSON, 0

@@ -31,7 +31,7 @@ else
   local hi, lo = bound(ARGV[7], math.huge), bound(ARGV[8], -math.huge)
   for _, k in ipairs(keys) do
     if k == KLEASES then
-      for _, id in ipairs(rcall('ZRANGE', k, 0, -1)) do
+      for _, id in ipairs(rcall('ZRANGEBYSCORE', k, '-inf', '(+inf')) do
         local t = tonumber(string.sub(id, 1, 8) .. string.sub(id, 10, 13), 16)
         if t and t >= lo and t <= hi and rcall('HGET', runkey(id), 'status') == 'running' then
           all[#all + 1] = { t, id }

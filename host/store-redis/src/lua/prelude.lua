@@ -11,6 +11,12 @@ local WAKEMAX = @WAKEMAX@
 local FLOW_ARGS = @FLOW_ARGS@
 local T_ARGS = @T_ARGS@
 
+-- A member `leases` always holds, at score +inf, so that Redis keeps it a skiplist (see
+-- LEASE_PIN in lib.rs): counts of running runs leave it out (`leased`), heads read past
+-- it (an infinite score is no due time), listings skip it. PINNED: this call made sure
+-- it is there.
+local LEASE_PIN = @LEASE_PIN@
+local PINNED
 local function I(n) return sformat('%d', n) end
 local function runkey(id) return P .. 'run:' .. id end
 -- The tenant's fixed keys, made once per tenant prefix (consecutive calls nearly always
@@ -493,14 +499,27 @@ local function zadd_maint(key, score, id, opt)
   if h ~= nil and (h == false or LASTN < h) then HEADS[key] = LASTN end
 end
 
+-- The earliest score of maintenance zset `key`, read; false when it has none (the pin
+-- of `leases`, at +inf, is none).
+local function head_of(key)
+  local h = rcall('ZRANGE', key, '0', '0', 'WITHSCORES')
+  local s = h[2] and tonumber(h[2])
+  if not s or s == math.huge then return false end
+  return s
+end
+
+-- How many runs hold a lease (the pin left out), stale entries included.
+local function leased()
+  return rcall('ZCOUNT', KLEASES, '-inf', '(+inf')
+end
+
 -- The members of maintenance zset `key` due now, at most `limit`; notes its head.
 local function due_members(key, limit)
-  local h = rcall('ZRANGE', key, '0', '0', 'WITHSCORES')
-  if not h[1] then
+  local s = head_of(key)
+  if not s then
     HEADS[key] = false
     return {}
   end
-  local s = tonumber(h[2])
   if s > NOW then
     HEADS[key] = s
     return {}
@@ -633,6 +652,10 @@ local function move(id, status, fields, pre, lens, from, fname)
     end
   elseif status == 'running' then
     local exp = field_or_stored(fields, 'lease_expires_at', rk)
+    if not PINNED then
+      rcall('ZADD', KLEASES, '+inf', LEASE_PIN)
+      PINNED = true
+    end
     zadd_maint(KLEASES, exp, id)
   elseif status == 'succeeded' or status == 'skipped' then
     rcall('ZADD', KENDOK, field_or_stored(fields, 'finished_at', rk), id)
@@ -847,7 +870,7 @@ local function enter(args)
   KEY = @KEY_COST@ + #P
   QUOTAS, METAH = nil, nil
   TDELTA, RDELTA, UEXEC, UFUEL, NQDELTA, USED = 0, {}, 0, 0, 0, nil
-  QLIST, LANEADD, TAKES, HEADS, MINADD = nil, {}, false, {}, nil
+  QLIST, LANEADD, TAKES, HEADS, MINADD, PINNED = nil, {}, false, {}, nil, false
   FEEDQ, FEEDUNTIL = {}, nil
   if P ~= KP then
     KP = P

@@ -11,7 +11,7 @@ end
 -- Whether the tenant may start another run (its max_running quota).
 local function has_room()
   local maxr = quota('max_running')
-  return not maxr or rcall('ZCARD', KLEASES) < maxr
+  return not maxr or leased() < maxr
 end
 
 -- The earliest of the tenant's not yet due runs, lease expiries, wait timeouts and
@@ -21,10 +21,7 @@ local function maintenance_due()
   local best = nil
   for _, z in ipairs({ KREADY, KLEASES, KTIMEOUTS, KGTIMER }) do
     local s = HEADS[z]
-    if s == nil then
-      local h = rcall('ZRANGE', z, '0', '0', 'WITHSCORES')
-      s = h[2] and tonumber(h[2]) or false
-    end
+    if s == nil then s = head_of(z) end
     if s and (best == nil or s < best) then best = s end
   end
   return best
