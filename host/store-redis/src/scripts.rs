@@ -76,6 +76,15 @@ fn placeholders() -> Vec<(&'static str, String)> {
         ("@FLOW_ARGS@", FLOW_ARGS.to_string()),
         ("@FEED_KEEP@", wasq_core::feed::FEED_KEEP.to_string()),
         ("@RUN_FIELDS@", lua_strings(RUN_FIELDS)),
+        // RUN_FIELDS' values in a table `r` by field name (false where absent).
+        (
+            "@RUN_FIELDS_OF_R@",
+            RUN_FIELDS
+                .iter()
+                .map(|f| format!("r['{f}'] or false"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
         (
             "@STATUSES@",
             lua_strings(&wasq_core::RunStatus::ALL.map(|s| s.as_str())),

@@ -97,6 +97,9 @@ if maxr then room = math.min(room, maxr - leased()) end
 local out = {}
 local parks = @PARK_BUDGET@
 local ATT_COST, claimed_bytes = C_ATT + #WORKER_JSON, 0
+-- A lease's fields hold no blob, and only the worker's name could unpack a run's hash.
+local LEASE_LENS = nil
+if #WORKER <= PACKED_MAX then LEASE_LENS = NOBLOB end
 -- Every lease of this claim expires at the same time.
 local EXPIRES = I(NOW + LEASE)
 -- The lanes to take from, in order: the queues named (the default one's is `q`), or
@@ -174,24 +177,22 @@ while #out < room and parks > 0 do
     local n, resumed = math.max(tonumber(attempt) + step[1], step[3]), step[2]
     -- The new execution's record is charged to the run within the move (its fields hold
     -- no blob, so the move charges nothing itself) and to the tenant once per claim.
-    local lease = { status = 'running', updated_at = NOWS, attempt = I(n),
-      lease_expires_at = EXPIRES, lease_token = I(tonumber(r.lease_token or '0') + 1),
-      sbytes = I(tonumber(r.sbytes or '0') + ATT_COST) }
-    move(id, 'running', { 'attempt', lease.attempt, 'resumed', resumed,
-      'lease_expires_at', lease.lease_expires_at, 'worker', WORKER,
-      'lease_token', lease.lease_token, 'sbytes', lease.sbytes },
-      { status, r.created_at, r.wait_event, r.wait_run, cgate, r.parked, r.qu }, nil, from,
-      r['function'])
-    rcall('RPUSH', P .. 'att:' .. id, lease.attempt .. '|' .. NOWS .. '|' .. WORKER_JSON)
+    local att, token = I(n), I(tonumber(r.lease_token or '0') + 1)
+    local sbytes = I(tonumber(r.sbytes or '0') + ATT_COST)
+    move(id, 'running', { 'attempt', att, 'resumed', resumed, 'lease_expires_at', EXPIRES,
+      'worker', WORKER, 'lease_token', token, 'sbytes', sbytes },
+      { status, r.created_at, r.wait_event, r.wait_run, cgate, r.parked, r.qu }, LEASE_LENS,
+      from, r['function'])
+    rcall('RPUSH', P .. 'att:' .. id, att .. '|' .. NOWS .. '|' .. WORKER_JSON)
     claimed_bytes = claimed_bytes + ATT_COST
-    -- The run as the move left it: what it read, with what the move wrote (`move` sets
-    -- status, updated_at and these fields, and drops `parked`, which replies leave out).
-    -- (Made at its full size at once: a table grown one element at a time is rehashed
-    -- at every power of two.)
-    local fields = { unpack(RUN_FIELDS) }
-    for i, f in ipairs(RUN_FIELDS) do fields[i] = r[f] or false end
-    fields = with_input(id, fields, r)
-    for f, v in pairs(lease) do fields[RUN_AT[f]] = v end
+    -- The run as the move left it: what it read (a constructor of RUN_FIELDS' values,
+    -- which scripts.rs writes out: a table made at its full size at once, and no loop),
+    -- with what the move wrote (`move` sets status, updated_at and the lease, and drops
+    -- `parked`, which replies leave out).
+    local fields = with_input(id, { @RUN_FIELDS_OF_R@ }, r)
+    fields[RUN_AT.status], fields[RUN_AT.updated_at], fields[RUN_AT.attempt] = 'running', NOWS, att
+    fields[RUN_AT.lease_expires_at], fields[RUN_AT.lease_token] = EXPIRES, token
+    fields[RUN_AT.sbytes] = sbytes
     out[#out + 1] = load_run(id, r.nosteps == '1', fields)
   end
 end

@@ -122,8 +122,8 @@ local function finish(e)
   end
   local extra = nil
   if t.status == 'waiting' then extra = { 'wait', ARGV[e.wait], 'wait_step', ARGV[e.wait + 1] } end
-  local lens = {}
-  for i, f in ipairs({ 'error', 'output', 'resolution' }) do lens[f] = m[10 + i] and #m[10 + i] or 0 end
+  local lens = { error = m[11] and #m[11] or 0, output = m[12] and #m[12] or 0,
+    resolution = m[13] and #m[13] or 0 }
   if apply(id, t, m, extra, lens, drop) then wake = wake + 1 end
   local status = t.status
   if status == 'waiting' then

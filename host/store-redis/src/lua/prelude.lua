@@ -18,7 +18,17 @@ local T_ARGS = @T_ARGS@
 local LEASE_PIN = @LEASE_PIN@
 local PINNED
 local function I(n) return sformat('%d', n) end
-local function runkey(id) return P .. 'run:' .. id end
+-- RK: the run keys this call made, by id (a run's key is used about ten times per
+-- transition, and a concatenation makes and hashes a new Lua string each time).
+local RK
+local function runkey(id)
+  local k = RK[id]
+  if not k then
+    k = P .. 'run:' .. id
+    RK[id] = k
+  end
+  return k
+end
 -- The tenant's fixed keys, made once per tenant prefix (consecutive calls nearly always
 -- serve the same tenant): building a key name costs a Lua string, which costs about as
 -- much as a cheap Redis command.
@@ -608,6 +618,9 @@ local MOVE_FIELDS = { 'status', 'created_at', 'wait_event', 'wait_run', 'cgate',
 -- `from`: the lane a claim took the run from (then it is in no other lane, nor in `ready`).
 -- `fname`: the run's function, when the caller read it (reindex needs it for a move into
 -- or out of `queued`).
+-- `lens`: NOBLOB when `fields` set no blob and no value over PACKED_MAX (a claim's lease),
+-- so that they are not looked through.
+local NOBLOB = {}
 local function move(id, status, fields, pre, lens, from, fname)
   local rk = runkey(id)
   local r = pre or rcall('HMGET', rk, unpack(MOVE_FIELDS))
@@ -640,7 +653,7 @@ local function move(id, status, fields, pre, lens, from, fname)
     rcall('ZREM', P .. 'park:' .. r[6], id)
     rcall('HDEL', rk, 'parked')
   end
-  charge(id, blob_delta(id, fields, lens))
+  if lens ~= NOBLOB then charge(id, blob_delta(id, fields, lens)) end
   rcall('HSET', rk, 'status', status, 'updated_at', NOWS, unpack(fields))
   if status == 'queued' or status == 'sleeping' then
     local h = rcall('HMGET', rk, 'due_at', 'rank_offset', 'qu')
@@ -810,15 +823,28 @@ local function apply(id, t, pre, extra, lens, drop)
     if t.ufuel ~= '' then UFUEL = UFUEL + tonumber(t.ufuel) end
   end
   local fields, gone = extra or {}, { 'lease_expires_at', 'worker', drop }
-  local function set(k, v) fields[#fields + 1] = k; fields[#fields + 1] = v end
-  if t.errmode == 's' then set('error', t.err) elseif t.errmode == 'c' then gone[#gone + 1] = 'error' end
-  if t.hasout == '1' then set('output', t.out) end
-  if t.due ~= '' then set('due_at', t.due) end
-  if t.fin ~= '' then set('finished_at', t.fin) else gone[#gone + 1] = 'finished_at' end
-  if t.res ~= '' then set('resolution', t.res) else gone[#gone + 1] = 'resolution' end
-  if t.clearcancel == '1' then set('cancel_requested', '0') end
+  -- (Appended in line: a closure made per call to append them cost more than the rest.)
+  local n = #fields
+  if t.errmode == 's' then
+    fields[n + 1], fields[n + 2], n = 'error', t.err, n + 2
+  elseif t.errmode == 'c' then
+    gone[#gone + 1] = 'error'
+  end
+  if t.hasout == '1' then fields[n + 1], fields[n + 2], n = 'output', t.out, n + 2 end
+  if t.due ~= '' then fields[n + 1], fields[n + 2], n = 'due_at', t.due, n + 2 end
+  if t.fin ~= '' then
+    fields[n + 1], fields[n + 2], n = 'finished_at', t.fin, n + 2
+  else
+    gone[#gone + 1] = 'finished_at'
+  end
+  if t.res ~= '' then
+    fields[n + 1], fields[n + 2], n = 'resolution', t.res, n + 2
+  else
+    gone[#gone + 1] = 'resolution'
+  end
+  if t.clearcancel == '1' then fields[n + 1], fields[n + 2], n = 'cancel_requested', '0', n + 2 end
   if t.giveback == '1' then
-    set('attempt', I(tonumber(rcall('HGET', rk, 'attempt')) - 1))
+    fields[n + 1], fields[n + 2] = 'attempt', I(tonumber(rcall('HGET', rk, 'attempt')) - 1)
   end
   move(id, t.status, fields, pre, lens)
   drop_blobs_known(id, lens, gone)
@@ -870,7 +896,7 @@ local function enter(args)
   KEY = @KEY_COST@ + #P
   QUOTAS, METAH = nil, nil
   TDELTA, RDELTA, UEXEC, UFUEL, NQDELTA, USED = 0, {}, 0, 0, 0, nil
-  QLIST, LANEADD, TAKES, HEADS, MINADD, PINNED = nil, {}, false, {}, nil, false
+  QLIST, LANEADD, TAKES, HEADS, MINADD, PINNED, RK = nil, {}, false, {}, nil, false, {}
   FEEDQ, FEEDUNTIL = {}, nil
   if P ~= KP then
     KP = P
