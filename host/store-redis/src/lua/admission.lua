@@ -4,12 +4,13 @@
 -- The flow-control arguments of one run, computed by Rust from the function's settings
 -- and the run's input (FLOW_ARGS of them, from ARGV[i]).
 local function read_flow(i)
-  local a = function(k) return ARGV[i + k] end
   return {
-    prio = a(0), offset = a(1), cgate = a(2), climit = a(3), tgate = a(4), tlimit = a(5),
-    tperiod = a(6), rgate = a(7), rlimit = a(8), rperiod = a(9), dgate = a(10),
-    dperiod = a(11), keys = a(12), rerr = a(13), rres = a(14), derr = a(15), dprev = a(16),
-    dres = a(17), enforce = a(18), dver = a(19), drep = a(20),
+    prio = ARGV[i], offset = ARGV[i + 1], cgate = ARGV[i + 2], climit = ARGV[i + 3],
+    tgate = ARGV[i + 4], tlimit = ARGV[i + 5], tperiod = ARGV[i + 6], rgate = ARGV[i + 7],
+    rlimit = ARGV[i + 8], rperiod = ARGV[i + 9], dgate = ARGV[i + 10],
+    dperiod = ARGV[i + 11], keys = ARGV[i + 12], rerr = ARGV[i + 13], rres = ARGV[i + 14],
+    derr = ARGV[i + 15], dprev = ARGV[i + 16], dres = ARGV[i + 17], enforce = ARGV[i + 18],
+    dver = ARGV[i + 19], drep = ARGV[i + 20],
   }
 end
 
@@ -38,8 +39,10 @@ local function run_cost(input, trigger, sv, idem, retry, fl, parent, trace)
   else
     c = c + mem(#input) + C_IN + #P
   end
-  for _, v in ipairs({ trigger, idem, retry, fl.keys, fl.cgate, fl.tgate, fl.dgate, parent, trace }) do
-    if #v > PACKED_MAX then return c + UNPACK, true end
+  local M = PACKED_MAX
+  if #trigger > M or #idem > M or #retry > M or #fl.keys > M or #fl.cgate > M
+      or #fl.tgate > M or #fl.dgate > M or #parent > M or #trace > M then
+    return c + UNPACK, true
   end
   return c, false
 end
