@@ -14,7 +14,8 @@
 //! waits there for Lua's collector, whose pace the library sets).
 //!
 //! `cargo bench -p wasq-bench --bench redis_ir` (N defaults to 2000, `WASQ_BENCH_N` sets
-//! it; needs `valgrind`; `WASQ_BENCH_ONLY=serial` runs the one-at-a-time phases alone). Redis runs about 50× slower under callgrind. With
+//! it; needs `valgrind`; `WASQ_REDIS_SERVER` names another `redis-server`, e.g. one built
+//! with symbols as `bench/redis-profile/README.md` tells, so that the dumps name functions; `WASQ_BENCH_ONLY=serial` runs the one-at-a-time phases alone). Redis runs about 50× slower under callgrind. With
 //! `WASQ_BENCH_CALLGRIND_DIR=DIR` the dumps (one per phase, in order) are kept in DIR for
 //! `callgrind_annotate`.
 
@@ -58,15 +59,8 @@ impl Counted {
                 "--compress-strings=no",
             ])
             .arg(format!("--callgrind-out-file={}", out.display()))
-            .args([
-                "redis-server",
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
+            .arg(std::env::var("WASQ_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into()))
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(["--port", &port.to_string(), "--dir"])
             .arg(dir.path())
             .stdout(Stdio::null())

@@ -378,16 +378,21 @@ impl RedisStore {
             }
         };
         self.published(tenant, &mut rest).await?;
-        let items = array(rest.into_iter().next().unwrap_or(Value::Nil))?;
-        let mut runs = Vec::with_capacity(items.len());
-        let mut steps = Vec::with_capacity(items.len());
-        for item in items {
-            let mut parts = array(item)?.into_iter();
-            let mut next = || parts.next().ok_or_else(|| corrupt("short claim entry"));
+        // Flat (`append_run` in the scripts): per run its RUN_FIELDS values (an array),
+        // then a count and that many step entries, then a count and that many (name,
+        // output) values.
+        let mut items = array(rest.into_iter().next().unwrap_or(Value::Nil))?.into_iter();
+        let mut runs = Vec::new();
+        let mut steps = Vec::new();
+        while let Some(fields) = items.next() {
             runs.push(
-                decode::RunFields::new(next()?)?.ok_or_else(|| corrupt("claimed a missing run"))?,
+                decode::RunFields::new(fields)?.ok_or_else(|| corrupt("claimed a missing run"))?,
             );
-            steps.push(decode::replay_steps(next()?, next()?)?);
+            let n = take_count(&mut items)?;
+            let order = take_values(&mut items, n)?;
+            let n = take_count(&mut items)?;
+            let outputs = take_values(&mut items, n)?;
+            steps.push(decode::replay_steps(order, outputs)?);
         }
         self.load_settings(tenant, &runs).await?;
         runs.into_iter()
@@ -429,6 +434,21 @@ impl RedisStore {
         }
         Ok(())
     }
+}
+
+/// The next `n` values of a flat claim reply, as one array.
+fn take_values(items: &mut impl Iterator<Item = Value>, n: usize) -> Result<Value, StoreError> {
+    let part: Vec<Value> = items.take(n).collect();
+    if part.len() < n {
+        return Err(corrupt("short claim entry"));
+    }
+    Ok(Value::Array(part))
+}
+
+/// The next value of a flat claim reply, a count.
+fn take_count(items: &mut impl Iterator<Item = Value>) -> Result<usize, StoreError> {
+    let v = items.next().ok_or_else(|| corrupt("short claim entry"))?;
+    usize::try_from(int(v)?).map_err(|_| corrupt("a negative count in a claim entry"))
 }
 
 /// What core decides for a run whose lease expired, from a claim's `reap` entry (id,

@@ -22,7 +22,12 @@ pub async fn connect(url: &str, namespace: &str) -> crate::RedisStore {
     .expect("connect")
 }
 
-const REDIS_SERVER: &str = "/usr/bin/redis-server";
+/// The `redis-server` tests and benches start: Debian's, unless `WASQ_REDIS_SERVER` names
+/// another (a build with symbols or with the Lua line counter of
+/// `bench/redis-profile/`, to profile the scripts).
+fn redis_server() -> String {
+    std::env::var("WASQ_REDIS_SERVER").unwrap_or_else(|_| "/usr/bin/redis-server".to_owned())
+}
 const REDIS_CLI: &str = "/usr/bin/redis-cli";
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -194,7 +199,7 @@ impl RedisServer {
             .create(true)
             .append(true)
             .open(self.dir.join("redis.log"))?;
-        let mut cmd = Command::new(REDIS_SERVER);
+        let mut cmd = Command::new(redis_server());
         cmd.arg("--port")
             .arg(self.port.to_string())
             .arg("--bind")

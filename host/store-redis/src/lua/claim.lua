@@ -94,7 +94,8 @@ end
 local room = LIMIT
 local maxr = quota('max_running')
 if maxr then room = math.min(room, maxr - leased()) end
-local out = {}
+-- The claimed runs, flat (append_run), and how many.
+local out, claimed = {}, 0
 local parks = @PARK_BUDGET@
 local ATT_COST, claimed_bytes = C_ATT + #WORKER_JSON, 0
 -- A lease's fields hold no blob, and only the worker's name could unpack a run's hash.
@@ -136,7 +137,7 @@ local function next_head()
   end
   while li <= #lanes do
     if hi > #head and not last then
-      local want = math.min(room - #out, 100)
+      local want = math.min(room - claimed, 100)
       head, hi = rcall('ZRANGE', lanes[li], 0, want - 1, 'WITHSCORES'), 1
       last = #head < 2 * want
     end
@@ -149,7 +150,7 @@ local function next_head()
   end
   return nil
 end
-while #out < room and parks > 0 do
+while claimed < room and parks > 0 do
   local id, score, from = next_head()
   if not id then break end
   local r = run_hash(id)
@@ -193,7 +194,8 @@ while #out < room and parks > 0 do
     fields[RUN_AT.status], fields[RUN_AT.updated_at], fields[RUN_AT.attempt] = 'running', NOWS, att
     fields[RUN_AT.lease_expires_at], fields[RUN_AT.lease_token] = EXPIRES, token
     fields[RUN_AT.sbytes] = sbytes
-    out[#out + 1] = load_run(id, r.nosteps == '1', fields)
+    append_run(out, id, r.nosteps == '1', fields)
+    claimed = claimed + 1
   end
 end
 charge(nil, claimed_bytes)
@@ -204,5 +206,5 @@ if wake > 0 then
   wake = math.min(wake, left)
 end
 -- A visit that found nothing republishes anyway, repairing a stale global hint.
-local pub = publish(wake, ARGV[9] == '1' or #out == 0, META)
+local pub = publish(wake, ARGV[9] == '1' or claimed == 0, META)
 return { 'ok', pub or false, out }
