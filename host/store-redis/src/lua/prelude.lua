@@ -18,17 +18,6 @@ local T_ARGS = @T_ARGS@
 local LEASE_PIN = @LEASE_PIN@
 local PINNED
 local function I(n) return sformat('%d', n) end
--- RK: the run keys this call made, by id (a run's key is used about ten times per
--- transition, and a concatenation makes and hashes a new Lua string each time).
-local RK
-local function runkey(id)
-  local k = RK[id]
-  if not k then
-    k = P .. 'run:' .. id
-    RK[id] = k
-  end
-  return k
-end
 -- The tenant's fixed keys, made once per tenant prefix (consecutive calls nearly always
 -- serve the same tenant): building a key name costs a Lua string, which costs about as
 -- much as a cheap Redis command.
@@ -52,7 +41,7 @@ local NQDELTA
 -- status. `nq` counts the queued runs (for max_queued) plus one: a key the first INCRBY
 -- creates (a tenant from before the count) is told from one that held 0 runs, and counted.
 local STATUSES = { @STATUSES@ }
--- The key `P .. kind .. name`, made once per tenant and kept in `cache`.
+-- The key `P .. kind .. name`, made once and kept in `cache` (per tenant; RK: per call).
 local function named_key(cache, kind, name)
   local k = cache[name]
   if not k then
@@ -61,6 +50,10 @@ local function named_key(cache, kind, name)
   end
   return k
 end
+-- RK: the run keys this call made, by id (a run's key is used about ten times per
+-- transition, and a concatenation makes and hashes a new Lua string each time).
+local RK
+local function runkey(id) return named_key(RK, 'run:', id) end
 local function stkey(status) return named_key(KST, 'st:', status) end
 local function qfnkey(f) return named_key(KQFN, 'qfn:', f) end
 local function byfnkey(f) return named_key(KBYFN, 'byfn:', f) end
@@ -479,12 +472,7 @@ end
 -- (it only grows: a deploy names them, so it stays small).
 local function lane(q)
   if not q then return KQ end
-  local k = KLANES[q]
-  if not k then
-    k = P .. 'q:' .. q
-    KLANES[q] = k
-  end
-  return k
+  return named_key(KLANES, 'q:', q)
 end
 
 -- The tenant's queues besides the default one, read once per call.
