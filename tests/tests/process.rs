@@ -346,9 +346,11 @@ fn first_line_and_threads(args: &[&str], want: usize) -> (String, usize) {
         .spawn()
         .unwrap();
     let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    // The pipe stays open until the daemon is stopped: a daemon whose stdout is closed
+    // ends quietly at its next line (`wasq dev` prints its key next), which left a zombie
+    // with no threads to count whenever the key came after the first read.
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    out.read_line(&mut line).unwrap();
     // Tokio names its worker threads "tokio-rt-worker", and its blocking threads too,
     // which come and go: /proc holds at least the workers the line says. A thread names
     // itself once it first runs, which on a loaded machine can be after the line is
@@ -367,6 +369,7 @@ fn first_line_and_threads(args: &[&str], want: usize) -> (String, usize) {
     };
     let _ = child.kill();
     let _ = child.wait();
+    drop(out);
     (line, named)
 }
 
