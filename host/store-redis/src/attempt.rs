@@ -99,13 +99,9 @@ impl RedisStore {
             // Flat (see finish.lua): each answer's length, then its values.
             let mut flat = array(rest.into_iter().next().unwrap_or(Value::Nil))?.into_iter();
             let mut replies = Vec::with_capacity(sent.len());
-            while let Some(n) = flat.next() {
-                let n = usize::try_from(int(n)?).map_err(|_| corrupt("a negative length"))?;
-                let answer: Vec<Value> = flat.by_ref().take(n).collect();
-                if answer.len() < n {
-                    return Err(corrupt("a short end answer"));
-                }
-                replies.push(Value::Array(answer));
+            while !flat.as_slice().is_empty() {
+                let n = decode::take_count(&mut flat, "end answer")?;
+                replies.push(decode::take_values(&mut flat, n, "end answer")?);
             }
             if replies.len() != sent.len() {
                 return Err(corrupt("finish answered a different number of ends"));

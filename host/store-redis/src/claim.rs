@@ -381,6 +381,7 @@ impl RedisStore {
         // Flat (`append_run` in the scripts): per run its RUN_FIELDS values (an array),
         // then a count and that many step entries, then a count and that many (name,
         // output) values.
+        const ENTRY: &str = "claim entry";
         let mut items = array(rest.into_iter().next().unwrap_or(Value::Nil))?.into_iter();
         let mut runs = Vec::new();
         let mut steps = Vec::new();
@@ -388,10 +389,10 @@ impl RedisStore {
             runs.push(
                 decode::RunFields::new(fields)?.ok_or_else(|| corrupt("claimed a missing run"))?,
             );
-            let n = take_count(&mut items)?;
-            let order = take_values(&mut items, n)?;
-            let n = take_count(&mut items)?;
-            let outputs = take_values(&mut items, n)?;
+            let n = decode::take_count(&mut items, ENTRY)?;
+            let order = decode::take_values(&mut items, n, ENTRY)?;
+            let n = decode::take_count(&mut items, ENTRY)?;
+            let outputs = decode::take_values(&mut items, n, ENTRY)?;
             steps.push(decode::replay_steps(order, outputs)?);
         }
         self.load_settings(tenant, &runs).await?;
@@ -434,21 +435,6 @@ impl RedisStore {
         }
         Ok(())
     }
-}
-
-/// The next `n` values of a flat claim reply, as one array.
-fn take_values(items: &mut impl Iterator<Item = Value>, n: usize) -> Result<Value, StoreError> {
-    let part: Vec<Value> = items.take(n).collect();
-    if part.len() < n {
-        return Err(corrupt("short claim entry"));
-    }
-    Ok(Value::Array(part))
-}
-
-/// The next value of a flat claim reply, a count.
-fn take_count(items: &mut impl Iterator<Item = Value>) -> Result<usize, StoreError> {
-    let v = items.next().ok_or_else(|| corrupt("short claim entry"))?;
-    usize::try_from(int(v)?).map_err(|_| corrupt("a negative count in a claim entry"))
 }
 
 /// What core decides for a run whose lease expired, from a claim's `reap` entry (id,

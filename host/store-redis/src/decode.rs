@@ -35,6 +35,31 @@ pub(crate) fn string(v: Value) -> Result<String, StoreError> {
     String::from_utf8(bytes(v)?).map_err(corrupt)
 }
 
+/// The next `n` values of a flat script reply (a claim's runs, a finish's answers), as
+/// one array; `what` names the reply in the error when it is short.
+pub(crate) fn take_values(
+    items: &mut impl Iterator<Item = Value>,
+    n: usize,
+    what: &str,
+) -> Result<Value, StoreError> {
+    let part: Vec<Value> = items.take(n).collect();
+    if part.len() < n {
+        return Err(corrupt(format!("short {what}")));
+    }
+    Ok(Value::Array(part))
+}
+
+/// The next value of a flat script reply, a count of the values that follow it.
+pub(crate) fn take_count(
+    items: &mut impl Iterator<Item = Value>,
+    what: &str,
+) -> Result<usize, StoreError> {
+    let v = items
+        .next()
+        .ok_or_else(|| corrupt(format!("short {what}")))?;
+    usize::try_from(int(v)?).map_err(|_| corrupt(format!("{what} with a negative count")))
+}
+
 pub(crate) fn int(v: Value) -> Result<i64, StoreError> {
     match v {
         Value::Int(i) => Ok(i),

@@ -15,16 +15,16 @@ end
 -- Running runs are indexed by their lease alone (`leases`, scored by expiry): their
 -- creation time is their id's first 48 bits (wasq_core::ids), and an entry whose run left
 -- the status (dropped by the claim that meets it) is not listed.
-local leased = false
+local has_leases = false
 for _, k in ipairs(keys) do
-  if k == KLEASES then leased = true end
+  if k == KLEASES then has_leases = true end
 end
 local function bound(v, inf)
   if v == '+inf' or v == '-inf' then return inf end
   return tonumber(v)
 end
 local ids
-if #keys == 1 and not leased then
+if #keys == 1 and not has_leases then
   ids = rcall('ZREVRANGEBYSCORE', keys[1], ARGV[7], ARGV[8], 'LIMIT', start, page)
 else
   local all = {}
