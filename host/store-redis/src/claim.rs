@@ -378,22 +378,32 @@ impl RedisStore {
             }
         };
         self.published(tenant, &mut rest).await?;
-        // Flat (`append_run` in the scripts): per run its RUN_FIELDS values (an array),
-        // then a count and that many step entries, then a count and that many (name,
-        // output) values.
-        const ENTRY: &str = "claim entry";
-        let mut items = array(rest.into_iter().next().unwrap_or(Value::Nil))?.into_iter();
+        // Packed (`cmsgpack`, see mpack.rs), one array, flat (`append_run` in the
+        // scripts): per run its RUN_FIELDS values (an array), then a count and that many
+        // step entries, then a count and that many (name, output) pairs' values.
+        let packed = decode::bytes(rest.into_iter().next().unwrap_or(Value::Nil))?;
+        let mut r = mpack::Reader::new(&packed, "claim reply");
+        let mut left = r.array()?;
         let mut runs = Vec::new();
         let mut steps = Vec::new();
-        while let Some(fields) = items.next() {
+        while left > 0 {
             runs.push(
-                decode::RunFields::new(fields)?.ok_or_else(|| corrupt("claimed a missing run"))?,
+                decode::RunFields::unpack(&mut r)?
+                    .ok_or_else(|| corrupt("claimed a missing run"))?,
             );
-            let n = decode::take_count(&mut items, ENTRY)?;
-            let order = decode::take_values(&mut items, n, ENTRY)?;
-            let n = decode::take_count(&mut items, ENTRY)?;
-            let outputs = decode::take_values(&mut items, n, ENTRY)?;
+            let n = r.count()?;
+            let order = (0..n).map(|_| r.string()).collect::<Result<Vec<_>, _>>()?;
+            let m = r.count()?;
+            if m % 2 != 0 {
+                return Err(corrupt("claim reply: an odd count of step outputs' values"));
+            }
+            let outputs = (0..m / 2)
+                .map(|_| Ok((r.string()?, r.bytes()?.to_vec())))
+                .collect::<Result<decode::Hash, StoreError>>()?;
             steps.push(decode::replay_steps(order, outputs)?);
+            left = left
+                .checked_sub(3 + n + m)
+                .ok_or_else(|| corrupt("claim reply: a run longer than the reply"))?;
         }
         self.load_settings(tenant, &runs).await?;
         runs.into_iter()

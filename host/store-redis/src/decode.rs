@@ -251,6 +251,22 @@ impl RunFields {
                 v => bytes(v).map(Some),
             })
             .collect::<Result<Vec<_>, _>>()?;
+        RunFields::from_values(values)
+    }
+
+    /// The next run's fields in a packed reply (a claim's): an array of RUN_FIELDS'
+    /// values, `false` where absent.
+    pub(crate) fn unpack(
+        r: &mut crate::mpack::Reader<'_>,
+    ) -> Result<Option<RunFields>, StoreError> {
+        let n = r.array()?;
+        let values = (0..n)
+            .map(|_| r.opt_bytes().map(|v| v.map(<[u8]>::to_vec)))
+            .collect::<Result<Vec<_>, _>>()?;
+        RunFields::from_values(values)
+    }
+
+    fn from_values(values: Vec<Option<Vec<u8>>>) -> Result<Option<RunFields>, StoreError> {
         if values.len() + 1 < RUN_FIELDS.len() || values.len() > RUN_FIELDS.len() {
             return Err(corrupt(format!("run reply with {} fields", values.len())));
         }
@@ -486,12 +502,13 @@ fn step_entry(entry: &str) -> Result<(u32, i64, &str, u32, &str), StoreError> {
 
 /// Steps for replay in completion order: `order` holds the step entries, `outputs` maps
 /// a field to its output for those that came inline.
-pub(crate) fn replay_steps(order: Value, outputs: Value) -> Result<Vec<ReplayStep>, StoreError> {
-    let mut outputs = hash(outputs)?;
-    array(order)?
+pub(crate) fn replay_steps(
+    order: Vec<String>,
+    mut outputs: Hash,
+) -> Result<Vec<ReplayStep>, StoreError> {
+    order
         .into_iter()
-        .map(|v| {
-            let entry = string(v)?;
+        .map(|entry| {
             let (_, _, field, occurrence, name) = step_entry(&entry)?;
             Ok(ReplayStep {
                 name: name.to_owned(),

@@ -147,6 +147,7 @@ mod events;
 mod feed;
 mod functions;
 mod health;
+mod mpack;
 mod queries;
 mod scripts;
 #[cfg(feature = "testing")]

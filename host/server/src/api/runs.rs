@@ -133,8 +133,10 @@ pub(crate) async fn create_run(
                 })
         })
         .transpose()?;
-    // Subscribed before the run exists, so its end cannot be missed.
-    let finished = app.finished.subscribe();
+    // Subscribed before the run exists, so its end cannot be missed; only by a request
+    // that waits (a receiver costs the channel's lock twice and its drop a walk over what
+    // was sent meanwhile).
+    let finished = wait.map(|_| app.finished.subscribe());
     let input = if body.iter().all(u8::is_ascii_whitespace) {
         b"{}".to_vec()
     } else {
@@ -181,7 +183,7 @@ pub(crate) async fn create_run(
         app.wake.notify_one();
     }
     let location = format!("/v1/runs/{}", run.id);
-    if let Some(wait) = wait {
+    if let (Some(wait), Some(finished)) = (wait, finished) {
         let (ended, run) = wait_for_end(&app, run, wait, finished).await?;
         let status = if ended {
             StatusCode::OK

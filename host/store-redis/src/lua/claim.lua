@@ -94,7 +94,7 @@ end
 local room = LIMIT
 local maxr = quota('max_running')
 if maxr then room = math.min(room, maxr - leased()) end
--- The claimed runs, flat (append_run), and how many.
+-- The claimed runs, flat (append_run), packed into the reply, and how many.
 local out, claimed = {}, 0
 local parks = @PARK_BUDGET@
 local ATT_COST, claimed_bytes = C_ATT + #WORKER_JSON, 0
@@ -207,4 +207,6 @@ if wake > 0 then
 end
 -- A visit that found nothing republishes anyway, repairing a stale global hint.
 local pub = publish(wake, ARGV[9] == '1' or claimed == 0, META)
-return { 'ok', pub or false, out }
+-- Packed (cmsgpack, built into Redis's Lua): the worker reads one string in one pass
+-- instead of a value at a time, for about what converting `out` to RESP costs here.
+return { 'ok', pub or false, cmsgpack.pack(out) }

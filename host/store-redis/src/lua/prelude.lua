@@ -434,10 +434,10 @@ end
 
 -- Appends a claimed run and its steps to the claim's reply `out`: `fields` (its
 -- run_fields as the claim has them, one table), then the count and entries of its step
--- order, then of its inlined outputs (name, output pairs), flat. Flat, because Redis
--- converts every table of a script's reply by probing it for seven special fields
--- (`err`, `ok`, `double`...), about 3k instructions each: a run as three tables in a
--- fourth cost ~13k per run. (`fields` stays a table: copying its values cost more.)
+-- order, then of its inlined outputs (name, output pairs), flat; the claim packs `out`
+-- (cmsgpack) into its reply. (Flat from when the reply went out as RESP, which probed
+-- every table for seven special fields, ~3k instructions each; `fields` stays a table:
+-- copying its values cost more.)
 -- `nosteps`: the run's `nosteps` flag (set at creation, cleared by its first step), so a
 -- run without steps costs no reads of its step keys. Step outputs come along while they
 -- fit in INLINE bytes; the rest by reference.
