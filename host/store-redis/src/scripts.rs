@@ -24,6 +24,8 @@
 //!   check leases and versions (a status read before, a debounce key's run) and answer
 //!   `stale` when they moved.
 //! - Replies are arrays whose first element is a status word; `false` stands for "none".
+//!   A claim packs its runs into one string with `cmsgpack` (read by `mpack.rs`): redis-rs
+//!   would parse their ~30 values per run one by one.
 
 use std::sync::LazyLock;
 
