@@ -112,6 +112,11 @@ fn scenarios<S: Store + Directory + Workers>() -> Vec<(&'static str, &'static st
             |s, c| Box::pin(ends::end_steps_replay(s, c)),
         ),
         (
+            "claimed_whole",
+            "a claim hands over a run's input and steps' outputs whole, whatever their bytes",
+            |s, c| Box::pin(ends::claimed_whole(s, c)),
+        ),
+        (
             "end_attempts_quota",
             "an end over a storage quota stores nothing and keeps its lease",
             |s, c| Box::pin(ends::end_attempts_quota(s, c)),
@@ -421,6 +426,7 @@ macro_rules! conformance_tests {
             end_attempt,
             end_attempts,
             end_steps_replay,
+            claimed_whole,
             end_attempts_quota,
             end_attempts_usage,
             renew,

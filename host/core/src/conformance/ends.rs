@@ -152,6 +152,38 @@ pub(super) async fn end_steps_replay(store: impl Store, _clock: ManualClock) {
     assert_eq!(detail(&store, &run.id).await.steps_total, 2);
 }
 
+/// A claim hands a run over whole, whatever its values hold: an input of 100,000 bytes of
+/// every value (longer than a 16-bit length counts, as a store that packs its replies must
+/// frame it) and a step's output with bytes a line-based protocol would trip on.
+pub(super) async fn claimed_whole(store: impl Store, _clock: ManualClock) {
+    deploy_fn(&store, "f", "d", 3).await;
+    let input: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+    let run = store
+        .enqueue(EnqueueRequest {
+            tenant: DEFAULT_TENANT.into(),
+            function: "f".into(),
+            input: input.clone(),
+            trigger: "api".into(),
+            ..EnqueueRequest::default()
+        })
+        .await
+        .unwrap()
+        .run;
+    let c = claim(&store, "w", 1).await.remove(0);
+    assert_eq!((&c.run.id, c.run.input == input), (&run.id, true));
+    let odd = b"\r\n$3\r\n*1\r\n\x00\xc2\xc0\xdb\xff".to_vec();
+    let retry = failed(ErrorReason::Retryable, Some(0));
+    let answers = store
+        .end_attempts(vec![end(&c, vec![step("odd", &odd, vec![])], retry)])
+        .await;
+    assert_eq!(answers[0].as_ref().unwrap(), &RunStatus::Queued);
+    let c = claim(&store, "w", 1).await.remove(0);
+    assert_eq!((&c.run.id, c.run.attempt), (&run.id, 2));
+    assert!(c.run.input == input, "the input, byte for byte, again");
+    assert_eq!(c.steps.len(), 1);
+    assert_eq!(c.steps[0].output.as_deref(), Some(&odd[..]));
+}
+
 /// An end over a storage quota (its steps and output together) stores nothing, and the
 /// attempt still holds its lease: it can end failed, with its log lines.
 pub(super) async fn end_attempts_quota(store: impl Store + Directory, _clock: ManualClock) {
