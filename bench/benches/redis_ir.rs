@@ -59,7 +59,7 @@ impl Counted {
                 "--compress-strings=no",
             ])
             .arg(format!("--callgrind-out-file={}", out.display()))
-            .arg(std::env::var("WASQ_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into()))
+            .arg(wasq_store_redis::testing::redis_server())
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(["--port", &port.to_string(), "--dir"])
             .arg(dir.path())

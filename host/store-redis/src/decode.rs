@@ -35,7 +35,7 @@ pub(crate) fn string(v: Value) -> Result<String, StoreError> {
     String::from_utf8(bytes(v)?).map_err(corrupt)
 }
 
-/// The next `n` values of a flat script reply (a claim's runs, a finish's answers), as
+/// The next `n` values of a flat script reply (a finish's answers), as
 /// one array; `what` names the reply in the error when it is short.
 pub(crate) fn take_values(
     items: &mut impl Iterator<Item = Value>,

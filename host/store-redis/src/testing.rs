@@ -25,7 +25,7 @@ pub async fn connect(url: &str, namespace: &str) -> crate::RedisStore {
 /// The `redis-server` tests and benches start: Debian's, unless `WASQ_REDIS_SERVER` names
 /// another (a build with symbols or with the Lua line counter of
 /// `bench/redis-profile/`, to profile the scripts).
-fn redis_server() -> String {
+pub fn redis_server() -> String {
     std::env::var("WASQ_REDIS_SERVER").unwrap_or_else(|_| "/usr/bin/redis-server".to_owned())
 }
 const REDIS_CLI: &str = "/usr/bin/redis-cli";
