@@ -253,6 +253,23 @@ async fn transitions(redis: &Counted, n: usize, step: bool) -> [f64; 3] {
     [enqueue, claim, end]
 }
 
+/// Instructions per run to enqueue N no-op runs `CONCURRENCY` at once (the store sends
+/// enqueues that arrive while its previous call is on its way together).
+async fn at_once(redis: &Counted, n: usize) -> f64 {
+    let api = StoreApi::start(redis).await;
+    let store = &api.store;
+    redis.zero();
+    let reqs: Vec<EnqueueRequest> = (0..n).map(echo_run).collect();
+    for chunk in reqs.chunks(CONCURRENCY) {
+        let answers =
+            futures_util::future::join_all(chunk.iter().cloned().map(|r| store.enqueue(r))).await;
+        for a in answers {
+            a.unwrap();
+        }
+    }
+    redis.read() as f64 / n as f64
+}
+
 /// A store client on the counted Redis, the `echo` function deployed through an API
 /// server that is stopped before anything is counted: nothing else (a scheduler's passes,
 /// the store guard's `INFO`) runs beside what is measured, whatever the time it takes.
@@ -378,6 +395,8 @@ fn main() {
     let (enqueue, drain, memory) = rt.block_on(wasq(&redis, n, "echo"));
     let (step_enqueue, step_drain, _) = rt.block_on(wasq(&redis, n, "one_step"));
     redis.cli(&["FLUSHALL"]);
+    let t_at_once = rt.block_on(at_once(&redis, n));
+    redis.cli(&["FLUSHALL"]);
     let one_at_a_time = rt.block_on(serial(&redis, n));
     // The Lua heap of the functions engine, where the scripts' garbage waits for the
     // collector (the library's pause: `enter` in prelude.lua).
@@ -408,6 +427,7 @@ fn main() {
         k(t_end),
         k(t_end_step)
     );
+    println!("  enqueue, {CONCURRENCY} at once: {:.1}k", k(t_at_once));
     println!("  BullMQ add + process: {:.1}k", k(bull));
     println!(
         "  one run at a time, otherwise idle (wasq: enqueue, claim, end with a step): wasq {:.1}k, BullMQ {:.1}k, ratio {:.2}",
@@ -431,7 +451,7 @@ fn main() {
             "n": n,
             "wasq_noop": { "enqueue": enqueue, "drain": drain },
             "wasq_one_step": { "enqueue": step_enqueue, "drain": step_drain },
-            "transitions": { "enqueue": t_enqueue, "claim": t_claim, "end": t_end, "end_with_step": t_end_step },
+            "transitions": { "enqueue": t_enqueue, "enqueue_at_once": t_at_once, "claim": t_claim, "end": t_end, "end_with_step": t_end_step },
             "bullmq": bull,
             "one_at_a_time": { "wasq": one_at_a_time, "bullmq": bull_one_at_a_time },
             "memory_per_queued_run": memory,

@@ -225,6 +225,11 @@ fn scenarios<S: Store + Directory + Workers>() -> Vec<(&'static str, &'static st
             |s, c| Box::pin(batch::enqueue_batch(s, c)),
         ),
         (
+            "concurrent_enqueues",
+            "enqueues made at once are each answered as alone",
+            |s, c| Box::pin(batch::concurrent_enqueues(s, c)),
+        ),
+        (
             "run_id_prefixes",
             "a unique prefix of a run id finds the run",
             |s, c| Box::pin(actions::run_id_prefixes(s, c)),
@@ -449,6 +454,7 @@ macro_rules! conformance_tests {
             workers,
             deliveries,
             enqueue_batch,
+            concurrent_enqueues,
             run_id_prefixes,
             idempotency,
             retry_override,

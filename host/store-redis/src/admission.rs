@@ -1,70 +1,194 @@
 //! Admission: a run's flow plan and the function's settings (cached, checked by the
 //! script against the stored version), the debounce key's run, and the enqueue script.
 
+use std::collections::HashMap;
+
 use super::*;
 
 impl RedisStore {
-    pub(crate) async fn admit_run(&self, req: EnqueueRequest) -> Result<Enqueued, StoreError> {
+    /// [`Queue::enqueue`] of each of `reqs`, runs of `tenant`, in one script call
+    /// (ENQUEUE) that admits or refuses each on its own, in order: what the coalescer
+    /// (`coalesce.rs`) sends. A run the script answers `stale` for (its function was
+    /// redeployed since its flow was computed) goes again with the settings read afresh.
+    pub(crate) async fn admit_runs(
+        &self,
+        tenant: &str,
+        reqs: Vec<EnqueueRequest>,
+    ) -> Vec<Result<Enqueued, StoreError>> {
         let now = self.now();
-        let id = wasq_core::ids::new_run_id(now);
-        let not_found = || StoreError::NotFound(format!("function {:?}", req.function));
+        let ids: Vec<String> = reqs
+            .iter()
+            .map(|_| wasq_core::ids::new_run_id(now))
+            .collect();
+        let mut answers: Vec<Option<Result<Enqueued, StoreError>>> =
+            reqs.iter().map(|_| None).collect();
+        let mut todo: Vec<usize> = (0..reqs.len()).collect();
         let mut fresh = false;
         for _ in 0..STALE_RETRIES {
-            let Some(fs) = self.fn_settings(&req.tenant, &req.function, fresh).await? else {
-                return Err(not_found());
+            if todo.is_empty() {
+                break;
+            }
+            todo = self
+                .admit_round(tenant, &reqs, &ids, &todo, fresh, &mut answers)
+                .await;
+            fresh = true;
+        }
+        for i in todo {
+            answers[i] = Some(Err(StoreError::Unavailable(format!(
+                "function {:?} kept being redeployed during the enqueue; try again",
+                reqs[i].function
+            ))));
+        }
+        answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Err(corrupt("an enqueue went unanswered"))))
+            .collect()
+    }
+
+    /// One script call for the runs `todo` of `reqs` (ids `ids`): answers each in
+    /// `answers`, and returns those the script found stale.
+    async fn admit_round(
+        &self,
+        tenant: &str,
+        reqs: &[EnqueueRequest],
+        ids: &[String],
+        todo: &[usize],
+        fresh: bool,
+        answers: &mut [Option<Result<Enqueued, StoreError>>],
+    ) -> Vec<usize> {
+        let now = self.now();
+        let mut body = Vec::new();
+        // The runs sent, with their function's settings and flow plan (a run whose
+        // arguments cannot be built is answered at once).
+        let mut sent = Vec::with_capacity(todo.len());
+        let mut settings: HashMap<&str, Option<Arc<FnSettings>>> = HashMap::new();
+        for &i in todo {
+            let req = &reqs[i];
+            let fs = match settings.get(req.function.as_str()) {
+                Some(fs) => Ok(fs.clone()),
+                None => self.fn_settings(tenant, &req.function, fresh).await,
+            };
+            let fs = match fs {
+                Ok(fs) => {
+                    settings.insert(&req.function, fs.clone());
+                    fs
+                }
+                Err(e) => {
+                    answers[i] = Some(Err(e));
+                    continue;
+                }
+            };
+            let Some(fs) = fs else {
+                answers[i] = Some(Err(not_found(req)));
+                continue;
             };
             let plan = fs
                 .settings
                 .flow
                 .plan(&req.function, &req.input, req.priority);
-            let args = Args::new()
-                .s(&id)
-                .s(&req.function)
-                .b(req.input.clone())
-                .s(&req.trigger);
-            let args = per_run_args(args, &req, now)?
-                .s(req.parent.as_deref().unwrap_or(""))
-                .s(&fs.version);
-            let admission = if req.parent.is_none() {
-                Admission::Run
-            } else {
-                Admission::Child
-            };
-            let debounced = self.debounced_run(&req.tenant, &plan).await?;
-            let args = flow_args(args, &plan, &id, Some(admission), &debounced)?;
-            let (status, mut rest) = self
-                .script_at(&scripts::ENQUEUE, &req.tenant, now, args)
-                .await?;
-            match status.as_str() {
-                "ok" => {}
-                "not_found" => return Err(not_found()),
-                "stale" => {
-                    fresh = true;
+            match self.run_args(req, &ids[i], now, &fs, &plan).await {
+                Ok(a) => {
+                    body.extend(a.0);
+                    sent.push((i, fs, plan));
+                }
+                Err(e) => answers[i] = Some(Err(e)),
+            }
+        }
+        if sent.is_empty() {
+            return Vec::new();
+        }
+        let mut args = Args::new().n(sent.len());
+        args.0.extend(body);
+        let replies = self.enqueue_call(tenant, now, args, sent.len()).await;
+        let replies = match replies {
+            Ok(r) => r,
+            Err(e) => {
+                for (i, _, _) in &sent {
+                    answers[*i] = Some(Err(e.clone()));
+                }
+                return Vec::new();
+            }
+        };
+        let mut stale = Vec::new();
+        for ((i, fs, plan), reply) in sent.into_iter().zip(replies) {
+            let req = &reqs[i];
+            let answer = match reply {
+                Reply::Stale => {
+                    stale.push(i);
                     continue;
                 }
-                "quota" => {
-                    let max = self.max_queued(&req.tenant).await;
-                    return Err(queue_quota_exceeded(&req.tenant, max));
+                Reply::NotFound => Err(not_found(req)),
+                Reply::Quota => {
+                    let max = self.max_queued(tenant).await;
+                    Err(queue_quota_exceeded(tenant, max))
                 }
-                "storage" => return Err(storage_refusal(&req.tenant, &id, &rest)),
-                other => return Err(corrupt(format!("enqueue answered {other}"))),
-            }
-            self.published(&req.tenant, &mut rest).await?;
-            let mut rest = rest.into_iter();
-            let mut next = || rest.next().ok_or_else(|| corrupt("short enqueue reply"));
-            let created = int(next()?)? == 1;
-            let stored = next()?;
-            if stored != Value::Nil {
-                let run = self.run_from(&req.tenant, stored, None).await?;
-                return Ok(Enqueued { run, created });
-            }
-            let run = new_run(req, id, now, &fs.settings, &plan, next()?)?;
-            return Ok(Enqueued { run, created });
+                Reply::Storage(rest) => Err(storage_refusal(tenant, &ids[i], &rest)),
+                Reply::Stored(created, fields) => self
+                    .run_from(tenant, fields, None)
+                    .await
+                    .map(|run| Enqueued { run, created }),
+                Reply::Made(made) => {
+                    new_run(req.clone(), ids[i].clone(), now, &fs.settings, &plan, made)
+                        .map(|run| Enqueued { run, created: true })
+                }
+            };
+            answers[i] = Some(answer);
         }
-        Err(StoreError::Unavailable(format!(
-            "function {:?} kept being redeployed during the enqueue; try again",
-            req.function
-        )))
+        stale
+    }
+
+    /// The ENQUEUE arguments of run `id` of `req` (see enqueue.lua), with its settings'
+    /// flow plan; reads the debounce key's run when the plan has one.
+    async fn run_args(
+        &self,
+        req: &EnqueueRequest,
+        id: &str,
+        now: i64,
+        fs: &FnSettings,
+        plan: &FlowPlan,
+    ) -> Result<Args, StoreError> {
+        let args = Args::new()
+            .s(id)
+            .s(&req.function)
+            .b(req.input.clone())
+            .s(&req.trigger);
+        let args = per_run_args(args, req, now)?
+            .s(req.parent.as_deref().unwrap_or(""))
+            .s(&fs.version);
+        let admission = if req.parent.is_none() {
+            Admission::Run
+        } else {
+            Admission::Child
+        };
+        let debounced = self.debounced_run(&req.tenant, plan).await?;
+        flow_args(args, plan, id, Some(admission), &debounced)
+    }
+
+    /// The ENQUEUE call: its `n` answers, each read.
+    async fn enqueue_call(
+        &self,
+        tenant: &str,
+        now: i64,
+        args: Args,
+        n: usize,
+    ) -> Result<Vec<Reply>, StoreError> {
+        let (status, mut rest) = self.script_at(&scripts::ENQUEUE, tenant, now, args).await?;
+        if status != "ok" {
+            return Err(corrupt(format!("enqueue answered {status}")));
+        }
+        self.published(tenant, &mut rest).await?;
+        // Flat (see enqueue.lua): each answer's length, then its values.
+        let mut flat = rest.into_iter();
+        let mut replies = Vec::with_capacity(n);
+        while !flat.as_slice().is_empty() {
+            let len = decode::take_count(&mut flat, "enqueue answer")?;
+            let answer = array(decode::take_values(&mut flat, len, "enqueue answer")?)?;
+            replies.push(Reply::read(answer)?);
+        }
+        if replies.len() != n {
+            return Err(corrupt("enqueue answered a different number of runs"));
+        }
+        Ok(replies)
     }
 
     /// [`Queue::enqueue_batch`]: the whole batch in one script call (ENQUEUE_BATCH), which
@@ -281,6 +405,52 @@ pub(crate) struct Debounced {
     pub(crate) run: String,
     pub(crate) version: String,
     pub(crate) replaces: bool,
+}
+
+/// The enqueue script's answer for one run.
+enum Reply {
+    /// Created queued: what only the script knew of it (`made`, see `new_run`).
+    Made(Value),
+    /// The run as stored: an earlier one with the same idempotency key (`false`), or a
+    /// new run that is not queued (skipped by its rate limit).
+    Stored(bool, Value),
+    NotFound,
+    Stale,
+    Quota,
+    /// A storage quota's refusal: its values after `storage`.
+    Storage(Vec<Value>),
+}
+
+impl Reply {
+    fn read(answer: Vec<Value>) -> Result<Reply, StoreError> {
+        let mut items = answer.into_iter();
+        let word = string(
+            items
+                .next()
+                .ok_or_else(|| corrupt("empty enqueue answer"))?,
+        )?;
+        let mut next = || items.next().ok_or_else(|| corrupt("short enqueue answer"));
+        Ok(match word.as_str() {
+            "ok" => {
+                let created = int(next()?)? == 1;
+                let stored = next()?;
+                if stored == Value::Nil {
+                    Reply::Made(Value::Array(items.collect()))
+                } else {
+                    Reply::Stored(created, stored)
+                }
+            }
+            "not_found" => Reply::NotFound,
+            "stale" => Reply::Stale,
+            "quota" => Reply::Quota,
+            "storage" => Reply::Storage(items.collect()),
+            other => return Err(corrupt(format!("enqueue answered {other}"))),
+        })
+    }
+}
+
+fn not_found(req: &EnqueueRequest) -> StoreError {
+    StoreError::NotFound(format!("function {:?}", req.function))
 }
 
 /// Appends the FLOW_ARGS flow arguments of run `id` (see `read_flow` in the scripts).

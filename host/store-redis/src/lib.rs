@@ -70,11 +70,12 @@
 //!
 //! `lib.rs` holds the store's shape (options, connection, the script call and the publish
 //! of due times), this key layout and the one `Store` impl, whose methods delegate to the
-//! module of their area: `admission` (enqueue), `claim` (claims, renewals, waiting for
-//! work), `attempt` (record, finish, cancel, retry), `events`, `queries` (reads, purge),
-//! `functions`, `health`; `transition` encodes core's transitions for the scripts in
-//! `lua/` (`scripts.rs`); `decode` reads replies, `conn` holds the connection and the
-//! wake-up listener. The key layout table is why this file is over 600 lines.
+//! module of their area: `admission` (enqueue; `coalesce` sends the enqueues that arrive
+//! while one is on its way together, each answered as alone), `claim` (claims, renewals,
+//! waiting for work), `attempt` (record, finish, cancel, retry), `events`, `queries`
+//! (reads, purge), `functions`, `health`; `transition` encodes core's transitions for
+//! the scripts in `lua/` (`scripts.rs`); `decode` reads replies, `conn` holds the
+//! connection and the wake-up listener. The key layout table is why this file is over 600 lines.
 //!
 //! # Key layout
 //!
@@ -139,6 +140,7 @@
 mod admission;
 mod attempt;
 mod claim;
+mod coalesce;
 mod conn;
 mod decode;
 mod deliveries;
@@ -239,6 +241,8 @@ struct Inner {
     settings: std::sync::Mutex<std::collections::HashMap<String, Arc<FnSettings>>>,
     /// Runs' settings, parsed, by version (see `decode::SettingsCache`).
     parsed: decode::SettingsCache,
+    /// Sends concurrent enqueues together (`coalesce.rs`); started by the first.
+    coalescer: std::sync::OnceLock<coalesce::Coalescer>,
 }
 
 /// A function's settings as stored, and parsed.
@@ -494,6 +498,7 @@ impl RedisStore {
                 sweep_needed: AtomicBool::new(false),
                 settings: Default::default(),
                 parsed: Default::default(),
+                coalescer: Default::default(),
             }),
         };
         let _: String = store.query(&redis::cmd("PING")).await?;
@@ -737,7 +742,21 @@ impl Registry for RedisStore {
 #[async_trait]
 impl Queue for RedisStore {
     async fn enqueue(&self, req: EnqueueRequest) -> Result<Enqueued, StoreError> {
-        self.admit_run(req).await
+        let coalescer = self
+            .inner
+            .coalescer
+            .get_or_init(|| coalesce::Coalescer::spawn(Arc::downgrade(&self.inner)));
+        match coalescer.enqueue(req).await {
+            Ok(answer) => answer,
+            // Its task is gone (its runtime stopped): this enqueue goes alone.
+            Err(req) => {
+                let tenant = req.tenant.clone();
+                let mut answers = self.admit_runs(&tenant, vec![req]).await;
+                answers
+                    .pop()
+                    .unwrap_or_else(|| Err(corrupt("an enqueue went unanswered")))
+            }
+        }
     }
 
     async fn enqueue_batch(&self, reqs: Vec<EnqueueRequest>) -> Result<Vec<Enqueued>, StoreError> {

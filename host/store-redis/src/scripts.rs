@@ -295,10 +295,12 @@ pub(crate) static HINT: LazyLock<Script> = LazyLock::new(|| {
 /// JSON or '', then the event names.
 pub(crate) static DEPLOY: TenantScript = tenant_script!("deploy", writes);
 
-/// ARGV[5..]: id, function, input, trigger, due ('' = now), idempotency key or '',
-/// retry override JSON or '', its max_attempts, parent or '', the version of the
-/// function's settings the flow arguments were computed from, then FLOW_ARGS flow
-/// arguments.
+/// ARGV[5..]: n, then n × (id, function, input, trigger, due ('' = now), idempotency key
+/// or '', retry override JSON or '', its max_attempts, trace or '', parent or '', the
+/// version of the function's settings the flow arguments were computed from, FLOW_ARGS
+/// flow arguments). Each run admitted or refused on its own: `ok`, publish, then per run
+/// its answer's length and values (`ok`, created, its fields or false, `made` or false;
+/// or `not_found`, `stale`, `quota` or a `storage` reply).
 pub(crate) static ENQUEUE: TenantScript = tenant_script!("enqueue", writes);
 
 /// ARGV[5..]: function, the version of its settings the flow arguments were computed

@@ -1,5 +1,6 @@
 //! Scenarios of [`Queue::enqueue_batch`]: a batch creates its runs as single enqueues
-//! would, in order, and is refused as a whole.
+//! would, in order, and is refused as a whole; and of enqueues made at once, which a
+//! backend may send together but must answer each as if alone.
 
 use serde_json::json;
 
@@ -153,4 +154,118 @@ async fn statuses(store: &impl Store, made: &[Enqueued]) -> Vec<RunStatus> {
         out.push(status_of(store, &e.run.tenant, &e.run.id).await.status);
     }
     out
+}
+
+/// Enqueues made at once (a backend may send them in one call: Redis does) are each
+/// answered as alone: created, an earlier run of the same key, or refused for what that
+/// run alone meets (an unknown function, `max_queued`, a storage quota), whatever the
+/// others met; of runs debounced by one key, one stays queued.
+pub(super) async fn concurrent_enqueues(store: impl Store + Directory, _clock: ManualClock) {
+    use futures_util::future::join_all;
+    for (name, max_queued) in [("c", 5), ("c2", Quotas::default().max_queued)] {
+        store
+            .create_tenant(Tenant {
+                quotas: Quotas {
+                    max_queued,
+                    max_run_bytes: 4096,
+                    ..Quotas::default()
+                },
+                ..tenant(name)
+            })
+            .await
+            .unwrap();
+        deploy_flow(&store, name, "f", FlowControl::default()).await;
+    }
+    deploy_flow(
+        &store,
+        "c2",
+        "d",
+        FlowControl {
+            debounce: Some(Debounce {
+                period_ms: 1000,
+                key: key("input.k"),
+            }),
+            ..FlowControl::default()
+        },
+    )
+    .await;
+
+    // Tenant c: 8 runs and 2 of one idempotency key against max_queued 5. Tenant c2: an
+    // unknown function, a run over max_run_bytes, 3 runs, and 3 debounced by one key.
+    let keyed = || EnqueueRequest {
+        idempotency_key: Some("k".into()),
+        ..req("c", "f", json!({"keyed": true}))
+    };
+    let mut reqs: Vec<EnqueueRequest> = (0..8).map(|n| req("c", "f", json!({"n": n}))).collect();
+    reqs.insert(3, keyed());
+    reqs.insert(7, keyed());
+    reqs.push(req("c2", "nope", json!({})));
+    reqs.push(req("c2", "f", json!({"pad": "x".repeat(5000)})));
+    reqs.extend((0..3).map(|n| req("c2", "f", json!({"n": n}))));
+    reqs.extend((0..3).map(|n| req("c2", "d", json!({"k": "x", "n": n}))));
+    let answers = join_all(reqs.iter().cloned().map(|r| store.enqueue(r))).await;
+
+    let (mut created, mut refused) = (Vec::new(), 0);
+    for (r, a) in reqs.iter().zip(&answers) {
+        if r.tenant != "c" {
+            continue;
+        }
+        match a {
+            Ok(e) if e.created => created.push(e.run.id.clone()),
+            Ok(e) => assert_eq!(r.idempotency_key.as_deref(), Some("k"), "{e:?}"),
+            Err(StoreError::QuotaExceeded { .. }) => refused += 1,
+            Err(e) => panic!("an enqueue of tenant c: {e:?}"),
+        }
+    }
+    created.sort();
+    created.dedup();
+    assert_eq!(
+        created.len(),
+        5,
+        "max_queued holds across runs sent at once"
+    );
+    assert_eq!(count(&store, "c").await, 5);
+    // The keyed pair: both answer one run (one created it), or both were refused.
+    match (&answers[3], &answers[7]) {
+        (Ok(a), Ok(b)) => {
+            assert_eq!(a.run.id, b.run.id);
+            assert!(a.created != b.created, "one of the pair created the run");
+            assert_eq!(refused, 4, "10 asked, 5 created, 1 answered the keyed run");
+        }
+        (Err(_), Err(_)) => assert_eq!(refused, 5, "10 asked, 5 created"),
+        other => panic!("one key, two fates: {other:?}"),
+    }
+    // (A debounced run's answer is as created: a later one of its key replaced it.)
+    for (_, a) in reqs.iter().zip(&answers).filter(|(r, _)| r.function != "d") {
+        let Ok(a) = a else { continue };
+        assert_eq!(
+            status_of(&store, &a.run.tenant, &a.run.id).await,
+            a.run,
+            "an answer is the stored run"
+        );
+    }
+
+    let c2 = &answers[10..];
+    assert!(matches!(c2[0], Err(StoreError::NotFound(_))), "{:?}", c2[0]);
+    assert!(
+        matches!(c2[1], Err(StoreError::StorageQuota(_))),
+        "{:?}",
+        c2[1]
+    );
+    for a in &c2[2..5] {
+        let a = a.as_ref().expect("a run beside refused ones is created");
+        assert!(a.created && a.run.status == RunStatus::Queued);
+    }
+    let debounced: Vec<Enqueued> = c2[5..]
+        .iter()
+        .map(|a| a.clone().expect("a debounced run is admitted"))
+        .collect();
+    let mut now = statuses(&store, &debounced).await;
+    now.sort_by_key(|s| s.as_str());
+    assert_eq!(
+        now,
+        [RunStatus::Queued, RunStatus::Skipped, RunStatus::Skipped],
+        "each debounced run replaces the one before it"
+    );
+    assert_eq!(count(&store, "c2").await, 6);
 }
