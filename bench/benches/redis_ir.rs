@@ -1,6 +1,7 @@
 //! Redis's instructions per run, counted by valgrind's callgrind: wasq's enqueue and drain
 //! (no-op guest, then one durable step per run) beside BullMQ's add + process, on one
-//! `redis-server` running under callgrind.
+//! `redis-server` running under callgrind. Also each transition alone, enqueues made 50
+//! at once (which the store sends together), and one run at a time on an idle queue.
 //!
 //! Redis CPU time per run is the figure that bounds a shard, but on a shared 2-core VM the
 //! same binary's µs vary by 2× from one run to the next. Instructions do not: the count

@@ -654,6 +654,17 @@ fn key(expr: &str) -> Option<KeyExpr> {
     Some(KeyExpr::parse(expr).expect("valid key expression"))
 }
 
+/// Flow control that debounces runs by their input's `k` for a second.
+fn debounced_by_k() -> FlowControl {
+    FlowControl {
+        debounce: Some(Debounce {
+            period_ms: 1000,
+            key: key("input.k"),
+        }),
+        ..FlowControl::default()
+    }
+}
+
 async fn deploy_flow(store: &impl Store, tenant: &str, name: &str, flow: FlowControl) {
     let settings = FunctionSettings {
         flow,

@@ -124,19 +124,7 @@ pub(super) async fn enqueue_batch(store: impl Store + Directory, clock: ManualCl
     assert!(store.enqueue_batch(Vec::new()).await.unwrap().is_empty());
 
     // Debounce inside one batch: each run replaces the one before it, as one by one.
-    deploy_flow(
-        &store,
-        DEFAULT_TENANT,
-        "d",
-        FlowControl {
-            debounce: Some(Debounce {
-                period_ms: 1000,
-                key: key("input.k"),
-            }),
-            ..FlowControl::default()
-        },
-    )
-    .await;
+    deploy_flow(&store, DEFAULT_TENANT, "d", debounced_by_k()).await;
     let burst = (1..=3)
         .map(|n| req(DEFAULT_TENANT, "d", json!({"k": "x", "n": n})))
         .collect();
@@ -176,19 +164,7 @@ pub(super) async fn concurrent_enqueues(store: impl Store + Directory, _clock: M
             .unwrap();
         deploy_flow(&store, name, "f", FlowControl::default()).await;
     }
-    deploy_flow(
-        &store,
-        "c2",
-        "d",
-        FlowControl {
-            debounce: Some(Debounce {
-                period_ms: 1000,
-                key: key("input.k"),
-            }),
-            ..FlowControl::default()
-        },
-    )
-    .await;
+    deploy_flow(&store, "c2", "d", debounced_by_k()).await;
 
     // Tenant c: 8 runs and 2 of one idempotency key against max_queued 5. Tenant c2: an
     // unknown function, a run over max_run_bytes, 3 runs, and 3 debounced by one key.

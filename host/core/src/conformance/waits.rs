@@ -138,19 +138,7 @@ pub(super) async fn every_end_reaches_the_waiter(store: impl Store, clock: Manua
 pub(super) async fn a_replaced_run_tells_its_waiter(store: impl Store, clock: ManualClock) {
     use serde_json::json;
     deploy_fn(&store, "f", "d", 1).await;
-    deploy_flow(
-        &store,
-        DEFAULT_TENANT,
-        "deb",
-        FlowControl {
-            debounce: Some(Debounce {
-                period_ms: 1000,
-                key: key("input.k"),
-            }),
-            ..FlowControl::default()
-        },
-    )
-    .await;
+    deploy_flow(&store, DEFAULT_TENANT, "deb", debounced_by_k()).await;
     let first = async |s: &_| enq(s, "deb", json!({"k": "x"})).await;
     let (parent, replaced) = waiting_parent(&store, first).await;
     clock.advance(10);
