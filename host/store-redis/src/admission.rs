@@ -110,6 +110,8 @@ impl RedisStore {
             }
         };
         let mut stale = Vec::new();
+        // The tenant's max_queued, read once for every run refused by it.
+        let mut max_queued = None;
         for ((i, fs, plan), reply) in sent.into_iter().zip(replies) {
             let req = &reqs[i];
             let answer = match reply {
@@ -119,7 +121,10 @@ impl RedisStore {
                 }
                 Reply::NotFound => Err(not_found(req)),
                 Reply::Quota => {
-                    let max = self.max_queued(tenant).await;
+                    let max = match max_queued {
+                        Some(max) => max,
+                        None => *max_queued.insert(self.max_queued(tenant).await),
+                    };
                     Err(queue_quota_exceeded(tenant, max))
                 }
                 Reply::Storage(rest) => Err(storage_refusal(tenant, &ids[i], &rest)),
