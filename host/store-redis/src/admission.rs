@@ -59,24 +59,21 @@ impl RedisStore {
         let now = self.now();
         let mut body = Vec::new();
         // The runs sent, with their function's settings and flow plan (a run whose
-        // arguments cannot be built is answered at once).
+        // arguments cannot be built is answered at once). Settings are read once per
+        // function in a round (afresh after a stale answer, else from the cache).
         let mut sent = Vec::with_capacity(todo.len());
         let mut settings: HashMap<&str, Option<Arc<FnSettings>>> = HashMap::new();
         for &i in todo {
             let req = &reqs[i];
             let fs = match settings.get(req.function.as_str()) {
-                Some(fs) => Ok(fs.clone()),
-                None => self.fn_settings(tenant, &req.function, fresh).await,
-            };
-            let fs = match fs {
-                Ok(fs) => {
-                    settings.insert(&req.function, fs.clone());
-                    fs
-                }
-                Err(e) => {
-                    answers[i] = Some(Err(e));
-                    continue;
-                }
+                Some(fs) => fs.clone(),
+                None => match self.fn_settings(tenant, &req.function, fresh).await {
+                    Ok(fs) => settings.entry(&req.function).or_insert(fs).clone(),
+                    Err(e) => {
+                        answers[i] = Some(Err(e));
+                        continue;
+                    }
+                },
             };
             let Some(fs) = fs else {
                 answers[i] = Some(Err(not_found(req)));
@@ -183,17 +180,10 @@ impl RedisStore {
         }
         self.published(tenant, &mut rest).await?;
         // Flat (see enqueue.lua): each answer's length, then its values.
-        let mut flat = rest.into_iter();
-        let mut replies = Vec::with_capacity(n);
-        while !flat.as_slice().is_empty() {
-            let len = decode::take_count(&mut flat, "enqueue answer")?;
-            let answer = array(decode::take_values(&mut flat, len, "enqueue answer")?)?;
-            replies.push(Reply::read(answer)?);
-        }
-        if replies.len() != n {
-            return Err(corrupt("enqueue answered a different number of runs"));
-        }
-        Ok(replies)
+        decode::flat_answers(rest, n, "enqueue answer")?
+            .into_iter()
+            .map(|a| Reply::read(array(a)?))
+            .collect()
     }
 
     /// [`Queue::enqueue_batch`]: the whole batch in one script call (ENQUEUE_BATCH), which

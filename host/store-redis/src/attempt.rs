@@ -97,16 +97,8 @@ impl RedisStore {
             }
             self.published(tenant, &mut rest).await?;
             // Flat (see finish.lua): each answer's length, then its values.
-            let mut flat = array(rest.into_iter().next().unwrap_or(Value::Nil))?.into_iter();
-            let mut replies = Vec::with_capacity(sent.len());
-            while !flat.as_slice().is_empty() {
-                let n = decode::take_count(&mut flat, "end answer")?;
-                replies.push(decode::take_values(&mut flat, n, "end answer")?);
-            }
-            if replies.len() != sent.len() {
-                return Err(corrupt("finish answered a different number of ends"));
-            }
-            Ok(replies)
+            let flat = array(rest.into_iter().next().unwrap_or(Value::Nil))?;
+            decode::flat_answers(flat, sent.len(), "end answer")
         }
         .await;
         let replies = match replies {

@@ -35,9 +35,32 @@ pub(crate) fn string(v: Value) -> Result<String, StoreError> {
     String::from_utf8(bytes(v)?).map_err(corrupt)
 }
 
-/// The next `n` values of a flat script reply (a finish's answers), as
-/// one array; `what` names the reply in the error when it is short.
-pub(crate) fn take_values(
+/// The `n` answers of a flat script reply (a finish's, an enqueue's): each its count of
+/// values, then those values; each answer as one array. `what` names an answer in the
+/// error when the reply is short or holds another number of answers.
+pub(crate) fn flat_answers(
+    items: Vec<Value>,
+    n: usize,
+    what: &str,
+) -> Result<Vec<Value>, StoreError> {
+    let mut items = items.into_iter();
+    let mut answers = Vec::with_capacity(n);
+    while !items.as_slice().is_empty() {
+        let len = take_count(&mut items, what)?;
+        answers.push(take_values(&mut items, len, what)?);
+    }
+    if answers.len() != n {
+        return Err(corrupt(format!(
+            "{} {what}s where {n} were asked for",
+            answers.len()
+        )));
+    }
+    Ok(answers)
+}
+
+/// The next `n` values of a flat script reply, as one array; `what` names the reply in
+/// the error when it is short.
+fn take_values(
     items: &mut impl Iterator<Item = Value>,
     n: usize,
     what: &str,
@@ -50,10 +73,7 @@ pub(crate) fn take_values(
 }
 
 /// The next value of a flat script reply, a count of the values that follow it.
-pub(crate) fn take_count(
-    items: &mut impl Iterator<Item = Value>,
-    what: &str,
-) -> Result<usize, StoreError> {
+fn take_count(items: &mut impl Iterator<Item = Value>, what: &str) -> Result<usize, StoreError> {
     let v = items
         .next()
         .ok_or_else(|| corrupt(format!("short {what}")))?;

@@ -75,7 +75,8 @@
 //! waiting for work), `attempt` (record, finish, cancel, retry), `events`, `queries`
 //! (reads, purge), `functions`, `health`; `transition` encodes core's transitions for
 //! the scripts in `lua/` (`scripts.rs`); `decode` reads replies, `conn` holds the
-//! connection and the wake-up listener. The key layout table is why this file is over 600 lines.
+//! connection and the wake-up listener. The key layout table is why this file is over
+//! 600 lines.
 //!
 //! # Key layout
 //!
