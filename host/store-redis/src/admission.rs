@@ -15,11 +15,8 @@ impl RedisStore {
         tenant: &str,
         reqs: Vec<EnqueueRequest>,
     ) -> Vec<Result<Enqueued, StoreError>> {
-        let now = self.now();
-        let ids: Vec<String> = reqs
-            .iter()
-            .map(|_| wasq_core::ids::new_run_id(now))
-            .collect();
+        // Minted by each round, with the time it sends (admit_round).
+        let mut ids = vec![String::new(); reqs.len()];
         let mut answers: Vec<Option<Result<Enqueued, StoreError>>> =
             reqs.iter().map(|_| None).collect();
         let mut todo: Vec<usize> = (0..reqs.len()).collect();
@@ -29,7 +26,7 @@ impl RedisStore {
                 break;
             }
             todo = self
-                .admit_round(tenant, &reqs, &ids, &todo, fresh, &mut answers)
+                .admit_round(tenant, &reqs, &mut ids, &todo, fresh, &mut answers)
                 .await;
             fresh = true;
         }
@@ -45,18 +42,25 @@ impl RedisStore {
             .collect()
     }
 
-    /// One script call for the runs `todo` of `reqs` (ids `ids`): answers each in
-    /// `answers`, and returns those the script found stale.
+    /// One script call for the runs `todo` of `reqs`: answers each in `answers`, and
+    /// returns those the script found stale. Mints each run's id into `ids` with the time
+    /// the call sends, which becomes the run's `created_at`: an id's first 48 bits are its
+    /// creation time, which prefix lookups and listings' cursors read it by
+    /// (wasq_core::ids). (Ids minted before the call, a millisecond earlier, left such runs
+    /// out of a lookup of their own id.)
     async fn admit_round(
         &self,
         tenant: &str,
         reqs: &[EnqueueRequest],
-        ids: &[String],
+        ids: &mut [String],
         todo: &[usize],
         fresh: bool,
         answers: &mut [Option<Result<Enqueued, StoreError>>],
     ) -> Vec<usize> {
         let now = self.now();
+        for &i in todo {
+            ids[i] = wasq_core::ids::new_run_id(now);
+        }
         let mut body = Vec::new();
         // The runs sent, with their function's settings and flow plan (a run whose
         // arguments cannot be built is answered at once). Settings are read once per

@@ -68,3 +68,58 @@ async fn enqueues_made_at_once_go_out_together_each_answered_with_its_run() {
         assert_eq!(stored.run, e.run, "the answer is the stored run");
     }
 }
+
+/// A clock that moves a millisecond every time it is read: whatever reads it twice on
+/// the way to one run sees two times.
+#[derive(Debug, Default)]
+struct Ticking(std::sync::atomic::AtomicI64);
+
+impl Clock for Ticking {
+    fn now_ms(&self) -> i64 {
+        1_800_000_000_000 + self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_id_carries_its_creation_time_and_finds_it() {
+    let redis = RedisServer::start(RedisOptions::default());
+    let store = wasq_store_redis::RedisStore::connect_with(
+        &redis.url(),
+        std::sync::Arc::new(Ticking::default()),
+        wasq_store_redis::StoreOptions::default().with_namespace("ticking"),
+    )
+    .await
+    .expect("connect");
+    store
+        .deploy(DeployRequest {
+            tenant: "a".into(),
+            name: "f".into(),
+            digest: "digest-f".into(),
+            component: b"f".to_vec(),
+            settings: FunctionSettings::default(),
+            events: vec![],
+            schedule: None,
+        })
+        .await
+        .expect("deploy");
+    let reqs: Vec<EnqueueRequest> = (0..20).map(|n| req("a", n)).collect();
+    let mut runs = vec![store.enqueue(req("a", 100)).await.expect("enqueue").run];
+    for e in futures_util::future::join_all(reqs.into_iter().map(|r| store.enqueue(r))).await {
+        runs.push(e.expect("enqueue").run);
+    }
+    for run in runs {
+        // An id's first 48 bits are its creation time (wasq_core::ids), which a lookup by
+        // prefix reads the indexes by.
+        let stored = store.run("a", &run.id).await.unwrap().expect("stored").run;
+        assert_eq!(
+            wasq_core::ids::prefix_window(&run.id).0,
+            stored.created_at,
+            "{}",
+            run.id
+        );
+        assert_eq!(
+            store.run_ids("a", &run.id, 5).await.unwrap(),
+            vec![run.id.clone()]
+        );
+    }
+}
