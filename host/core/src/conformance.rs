@@ -343,6 +343,11 @@ fn scenarios<S: Store + Directory + Workers>() -> Vec<(&'static str, &'static st
             |s, c| Box::pin(waits::a_replaced_run_tells_its_waiter(s, c)),
         ),
         (
+            "ends_together_reach_their_waiters",
+            "ends stored in one call resume their waiters, and a wait begun in it on a run that ends in it",
+            |s, c| Box::pin(waits::ends_together_reach_their_waiters(s, c)),
+        ),
+        (
             "usage_is_exact",
             "storage usage is the exact sum of what is kept; a purge gives it back",
             |s, c| Box::pin(storage::usage_is_exact(s, c)),
@@ -478,6 +483,7 @@ macro_rules! conformance_tests {
             fairness,
             every_end_reaches_the_waiter,
             a_replaced_run_tells_its_waiter,
+            ends_together_reach_their_waiters,
             usage_is_exact,
             run_quota,
             tenant_quota,

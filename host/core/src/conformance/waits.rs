@@ -153,3 +153,94 @@ pub(super) async fn a_replaced_run_tells_its_waiter(store: impl Store, clock: Ma
         Some(error)
     );
 }
+
+/// The waiting parent of `target` (an [`Outcome::Waiting`] on it for step "call").
+fn waits_on(target: &str) -> Outcome {
+    Outcome::Waiting {
+        wait: Wait {
+            step: "call".into(),
+            occurrence: 0,
+            on: WaitOn::Run { id: target.into() },
+            until: None,
+        },
+        fuel_used: None,
+    }
+}
+
+/// Ends stored in one call ([`Queue::end_attempts`]) resume the runs waiting on them, and
+/// a run that starts to wait in the call on a run that ends in it hears of that end,
+/// whichever of the two comes first in the call.
+pub(super) async fn ends_together_reach_their_waiters(store: impl Store, _clock: ManualClock) {
+    deploy_fn(&store, "f", "d", 1).await;
+    let succeeded = |out: &str| Outcome::Succeeded {
+        output: out.as_bytes().to_vec(),
+        fuel_used: None,
+    };
+    // Three parents already waiting, each on its own target.
+    let mut waiting = Vec::new();
+    for _ in 0..3 {
+        enqueue(&store, "f", "{}").await;
+    }
+    for p in claim(&store, "w", 10).await {
+        let target = enqueue(&store, "f", "{}").await;
+        let r = store.finish(&p.lease, waits_on(&target.id)).await.unwrap();
+        assert_eq!(r.status, RunStatus::Waiting);
+        waiting.push((p.run.id, target));
+    }
+    assert_eq!(waiting.len(), 3);
+    // Two parents that start to wait in the call, on targets running beside them.
+    let parents = [
+        enqueue(&store, "f", "{}").await,
+        enqueue(&store, "f", "{}").await,
+    ];
+    let targets = [
+        enqueue(&store, "f", "{}").await,
+        enqueue(&store, "f", "{}").await,
+    ];
+    let claimed = claim(&store, "w", 10).await;
+    assert_eq!(claimed.len(), 7, "the five targets and the two parents");
+    let lease = |id: &str| {
+        let c = claimed.iter().find(|c| c.run.id == id).expect("claimed");
+        c.lease.clone()
+    };
+    let end = |id: &str, outcome| AttemptEnd {
+        lease: lease(id),
+        records: vec![],
+        outcome,
+    };
+    let mut ends = vec![
+        // The parent's wait comes before its target's end...
+        end(&parents[0].id, waits_on(&targets[0].id)),
+        end(&targets[0].id, succeeded("\"t0\"")),
+        // ...and after it.
+        end(&targets[1].id, succeeded("\"t1\"")),
+        end(&parents[1].id, waits_on(&targets[1].id)),
+    ];
+    for (i, (_, target)) in waiting.iter().enumerate() {
+        ends.push(end(&target.id, succeeded(&format!("\"w{i}\""))));
+    }
+    let answers = store.end_attempts(ends).await;
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+
+    let mut expect: Vec<(String, Resolution)> = Vec::new();
+    for (parent, target) in parents.iter().zip(&targets) {
+        let run = detail(&store, &target.id).await.run;
+        expect.push((
+            parent.id.clone(),
+            lifecycle::resolution(&run).expect("ended"),
+        ));
+    }
+    for (parent, target) in &waiting {
+        let run = detail(&store, &target.id).await.run;
+        expect.push((parent.clone(), lifecycle::resolution(&run).expect("ended")));
+    }
+    // Every parent is due again, resumed with its target's output.
+    let resumed = claim(&store, "w", 10).await;
+    let mut got: Vec<(String, Resolution)> = resumed
+        .iter()
+        .map(|c| (c.run.id.clone(), step_output(&c.steps, "call")))
+        .collect();
+    got.sort_by(|a, b| a.0.cmp(&b.0));
+    expect.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(got, expect);
+}

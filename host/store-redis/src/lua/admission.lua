@@ -55,10 +55,15 @@ end
 -- 'storage' reply), runs woken, and for a created run what Rust cannot know of it:
 -- { status, due_at, digest, max_attempts, sbytes }.
 local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max, parent, trace, sv, fl)
-  local fk = P .. 'fn:' .. fname
-  local f = rcall('HMGET', fk, 'digest', 'sv', 'max_attempts', 'queue', 'svd')
+  -- Runs sent together are mostly of one function: read once per call (FNS).
+  local f = FNS and FNS[fname]
+  if not f then
+    local fk = P .. 'fn:' .. fname
+    f = rcall('HMGET', fk, 'digest', 'sv', 'max_attempts', 'queue', 'svd')
+    if f[1] and not f[5] then f[2] = settings_version(fk) end
+    if FNS then FNS[fname] = f end
+  end
   if not f[1] then return nil, false, 'not_found', 0 end
-  if not f[5] then f[2] = settings_version(fk) end
   if f[2] ~= sv then return nil, false, 'stale', 0 end
   local ik = P .. 'idem:' .. fname
   if idem ~= '' then
@@ -165,15 +170,21 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
   if #input > PACKED_MAX and not input_pieces(input, fields) then
     rcall('SET', inkey(id), input)
   end
-  if parent ~= '' then rcall('ZADD', P .. 'kids:' .. parent, NOWS, id) end
+  if parent ~= '' then zadd1(P .. 'kids:' .. parent, NOWS, id) end
   rcall('HSET', runkey(id), unpack(fields))
   feed_note(id, status)
   charge(nil, cost)
   -- The component stays while a run pins it (see collect_components in lib.rs).
-  rcall('HINCRBY', KRDIG, pin(nil, sv), '1')
+  -- (Counted in PINS, written by `leave`, while writes are deferred.)
+  local pinned = pin(nil, sv)
+  if PINS then
+    PINS[pinned] = (PINS[pinned] or 0) + 1
+  else
+    rcall('HINCRBY', KRDIG, pinned, '1')
+  end
   reindex(id, fname, nil, status, NOWS)
   if status == 'skipped' then
-    rcall('ZADD', KENDOK, NOWS, id)
+    zadd1(KENDOK, NOWS, id)
   else
     if tonumber(due) <= NOW then
       local rank = due

@@ -10,6 +10,8 @@
 -- ~3k instructions to convert: see append_run.)
 local RUN_ARGS = 11 + FLOW_ARGS
 local out, n, wake, any, added = { 'ok', false }, 2, 0, false, true
+-- The runs' index writes go out together (zdefer).
+zdefer(tonumber(ARGV[5]), true)
 for i = 1, tonumber(ARGV[5]) do
   local o = 6 + (i - 1) * RUN_ARGS
   local id, created, err, woke, made = insert_run(ARGV[o], ARGV[o + 1], ARGV[o + 2],

@@ -29,6 +29,8 @@ end
 local full = tenant_full(cost)
 if full then return full end
 local wake = 0
+-- The runs' index writes go out together (zdefer).
+zdefer(N, true)
 -- Per run, three elements: created (1/0), then either false and a created queued run's
 -- `made` (Rust builds the run from its request) or the stored run's fields and false.
 local out = { 'ok', false }

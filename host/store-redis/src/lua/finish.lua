@@ -2,6 +2,11 @@
 -- yet (Queue::end_attempts): one end is stored whole or not at all, and each is answered
 -- on its own. ARGV[5]: what each answers ('run' or 'status'), ARGV[6]: how many ends.
 local REPLY, wake, answers = ARGV[5], 0, {}
+-- Each end's index writes go out with the others' (zdefer). ENDED: the runs that ended,
+-- while deferred; the runs waiting for them resume after the loop.
+local NENDS, ENDED = tonumber(ARGV[6]), nil
+zdefer(NENDS)
+if ZB then ENDED = {} end
 
 -- The arguments of the end at ARGV[o] (see FINISH in scripts.rs): its records, its
 -- transitions, its wait; and where the next end starts.
@@ -149,7 +154,7 @@ local function finish(e)
       end
     end
   end
-  wake = wake + resolve_waiters_of(id)
+  if ENDED then ENDED[#ENDED + 1] = id else wake = wake + resolve_waiters_of(id) end
   -- A success stores the output the caller sent: the reply leaves it out.
   if REPLY == 'status' then return { 'ok', status } end
   return { 'ok', run_fields(id, t.hasout == '1') }
@@ -158,7 +163,7 @@ end
 -- The answers, flat: each its length, then its values (a table per answer cost Redis
 -- ~3k instructions to convert; see append_run).
 local o, n = 7, 0
-for _ = 1, tonumber(ARGV[6]) do
+for _ = 1, NENDS do
   local e
   e, o = parse(o)
   local a = finish(e)
@@ -166,5 +171,6 @@ for _ = 1, tonumber(ARGV[6]) do
   for j = 1, #a do answers[n + 1 + j] = a[j] end
   n = n + 1 + #a
 end
+if ENDED then wake = wake + resolve_waiters_of_all(ENDED) end
 local pub = publish(wake, false)
 return { 'ok', pub or false, answers }

@@ -1,0 +1,163 @@
+//! A call that moves many runs writes each index once, with all of them (the scripts'
+//! deferred zset writes, `zdefer` in prelude.lua), against a real redis-server: a batch of
+//! 20 enqueues, a claim of those 20 and a call that ends them all each cost a few `ZADD`
+//! and `ZREM` commands, not a few per run, and leave every run in the indexes its status
+//! puts it in (and out of the others).
+
+use wasq_core::*;
+use wasq_store_redis::testing::{self, RedisOptions, RedisServer};
+
+const N: usize = 20;
+
+/// Calls of each command so far, by name (`INFO commandstats`; calls made by scripts
+/// count).
+fn calls(redis: &RedisServer, cmd: &str) -> u64 {
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    let prefix = format!("cmdstat_{cmd}:calls=");
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+struct Counts {
+    zadd: u64,
+    zrem: u64,
+    smembers: u64,
+}
+
+fn counts(redis: &RedisServer) -> Counts {
+    Counts {
+        zadd: calls(redis, "zadd"),
+        zrem: calls(redis, "zrem"),
+        smembers: calls(redis, "smembers"),
+    }
+}
+
+/// (ZADD, ZREM, SMEMBERS) calls since `before`.
+fn since(redis: &RedisServer, before: &Counts) -> (u64, u64, u64) {
+    let now = counts(redis);
+    (
+        now.zadd - before.zadd,
+        now.zrem - before.zrem,
+        now.smembers - before.smembers,
+    )
+}
+
+/// The members of the tenant's zset `key`, sorted.
+fn members(redis: &RedisServer, p: &str, key: &str) -> Vec<String> {
+    let mut ids: Vec<String> = redis
+        .cli(&["ZRANGE", &format!("{p}{key}"), "0", "-1"])
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('~'))
+        .map(str::to_owned)
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_moves_many_runs_writes_each_index_once() {
+    let redis = RedisServer::start(RedisOptions::default());
+    let store = testing::connect(&redis.url(), "indexes").await;
+    store
+        .deploy(DeployRequest {
+            tenant: "t".into(),
+            name: "f".into(),
+            digest: "digest-f".into(),
+            component: b"f".to_vec(),
+            settings: FunctionSettings::default(),
+            events: vec![],
+            schedule: None,
+        })
+        .await
+        .expect("deploy");
+    let p = store.tenant_prefix("t");
+
+    let before = counts(&redis);
+    let reqs = (0..N)
+        .map(|n| EnqueueRequest {
+            tenant: "t".into(),
+            function: "f".into(),
+            input: format!(r#"{{"n":{n}}}"#).into_bytes(),
+            trigger: "api".into(),
+            ..EnqueueRequest::default()
+        })
+        .collect();
+    let runs = store.enqueue_batch(reqs).await.expect("enqueue_batch");
+    let mut ids: Vec<String> = runs.iter().map(|e| e.run.id.clone()).collect();
+    ids.sort();
+    // ZADD: `qfn:f`, the lane, and the global schedule (the tenant's first work); the one
+    // SMEMBERS counts the tenant's queued runs, once (it has no count yet). One run at a
+    // time this was 41 ZADD.
+    assert_eq!(since(&redis, &before), (3, 0, 1), "enqueue of {N}");
+    assert_eq!(members(&redis, &p, "qfn:f"), ids);
+    assert_eq!(members(&redis, &p, "q"), ids);
+
+    // The last three as an older wasq queued them: in `st:queued` and `byfn:f`, not
+    // `qfn:f`. Claimed after the first two, they leave `st:queued` with the others' ZREM
+    // (which does not find them in `qfn:f`).
+    for id in &ids[N - 3..] {
+        let score = redis.cli(&["ZSCORE", &format!("{p}qfn:f"), id]);
+        redis.cli(&["ZREM", &format!("{p}qfn:f"), id]);
+        redis.cli(&["ZADD", &format!("{p}st:queued"), score.trim(), id]);
+        redis.cli(&["ZADD", &format!("{p}byfn:f"), score.trim(), id]);
+    }
+    let before = counts(&redis);
+    let claimed = store
+        .claim(ClaimRequest {
+            worker: "w".into(),
+            limit: N,
+            lease_ms: 60_000,
+            queues: vec![],
+        })
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), N);
+    // The first two runs' writes go at once (a claim that finds one or two runs pays
+    // nothing for batching): `leases` (and its pin), `byfn:f`; `qfn:f` and the lane. Then
+    // the other 18's together: one ZADD to `byfn:f` and `leases`, one ZREM from `qfn:f`
+    // and the lane. And the global schedule (the tenant is due next when the leases
+    // expire); one ZREM from `st:queued` for the older three. Was 42 and 40.
+    assert_eq!(
+        since(&redis, &before),
+        (5 + 2 + 1, 4 + 2 + 1, 0),
+        "claim of {N}"
+    );
+    assert_eq!(members(&redis, &p, "qfn:f"), Vec::<String>::new());
+    assert_eq!(members(&redis, &p, "st:queued"), Vec::<String>::new());
+    assert_eq!(members(&redis, &p, "q"), Vec::<String>::new());
+    assert_eq!(members(&redis, &p, "byfn:f"), ids);
+    let mut leased = members(&redis, &p, "leases");
+    leased.retain(|m| ids.contains(m));
+    assert_eq!(leased, ids, "every claimed run holds a lease");
+
+    let before = counts(&redis);
+    let ends = claimed
+        .iter()
+        .map(|c| AttemptEnd {
+            lease: c.lease.clone(),
+            records: vec![],
+            outcome: Outcome::Succeeded {
+                output: b"1".to_vec(),
+                fuel_used: None,
+            },
+        })
+        .collect();
+    for answer in store.end_attempts(ends).await {
+        assert_eq!(answer.expect("end"), RunStatus::Succeeded);
+    }
+    // ZADD: `st:succeeded`, `ended:ok`; ZREM: `leases`; and no look for waiters per run.
+    // ZADD: `st:succeeded`, `ended:ok`; ZREM: `leases`; and no SMEMBERS per run for its
+    // waiters. Was 40, 20 and 20.
+    assert_eq!(since(&redis, &before), (2, 1, 0), "ends of {N}");
+    assert_eq!(members(&redis, &p, "st:succeeded"), ids);
+    assert_eq!(members(&redis, &p, "ended:ok"), ids);
+    let mut leased = members(&redis, &p, "leases");
+    leased.retain(|m| ids.contains(m));
+    assert_eq!(leased, Vec::<String>::new(), "no lease left");
+    for id in &ids {
+        let run = store.run("t", id).await.unwrap().expect("run").run;
+        assert_eq!(run.status, RunStatus::Succeeded);
+    }
+}
