@@ -22,6 +22,24 @@ pub async fn connect(url: &str, namespace: &str) -> crate::RedisStore {
     .expect("connect")
 }
 
+/// Deploys function `name` of `tenant` with default settings and a stand-in component
+/// (`digest-<name>`): what a store test needs to enqueue runs of it.
+pub async fn deploy(store: &crate::RedisStore, tenant: &str, name: &str) {
+    use wasq_core::Registry;
+    store
+        .deploy(wasq_core::DeployRequest {
+            tenant: tenant.into(),
+            name: name.into(),
+            digest: format!("digest-{name}"),
+            component: name.as_bytes().to_vec(),
+            settings: wasq_core::FunctionSettings::default(),
+            events: vec![],
+            schedule: None,
+        })
+        .await
+        .expect("deploy");
+}
+
 /// The `redis-server` tests and benches start: Debian's, unless `WASQ_REDIS_SERVER` names
 /// another (a build with symbols or with the Lua line counter of
 /// `bench/redis-profile/`, to profile the scripts).

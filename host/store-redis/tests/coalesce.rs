@@ -28,18 +28,7 @@ async fn enqueues_made_at_once_go_out_together_each_answered_with_its_run() {
     let redis = RedisServer::start(RedisOptions::default());
     let store = testing::connect(&redis.url(), "coalesce").await;
     for tenant in ["a", "b"] {
-        store
-            .deploy(DeployRequest {
-                tenant: tenant.into(),
-                name: "f".into(),
-                digest: "digest-f".into(),
-                component: b"f".to_vec(),
-                settings: FunctionSettings::default(),
-                events: vec![],
-                schedule: None,
-            })
-            .await
-            .expect("deploy");
+        testing::deploy(&store, tenant, "f").await;
     }
     // Alone: one call.
     let before = fcalls(&redis);
@@ -90,18 +79,7 @@ async fn a_runs_id_carries_its_creation_time_and_finds_it() {
     )
     .await
     .expect("connect");
-    store
-        .deploy(DeployRequest {
-            tenant: "a".into(),
-            name: "f".into(),
-            digest: "digest-f".into(),
-            component: b"f".to_vec(),
-            settings: FunctionSettings::default(),
-            events: vec![],
-            schedule: None,
-        })
-        .await
-        .expect("deploy");
+    testing::deploy(&store, "a", "f").await;
     let reqs: Vec<EnqueueRequest> = (0..20).map(|n| req("a", n)).collect();
     let mut runs = vec![store.enqueue(req("a", 100)).await.expect("enqueue").run];
     for e in futures_util::future::join_all(reqs.into_iter().map(|r| store.enqueue(r))).await {

@@ -60,18 +60,7 @@ fn members(redis: &RedisServer, p: &str, key: &str) -> Vec<String> {
 async fn a_call_that_moves_many_runs_writes_each_index_once() {
     let redis = RedisServer::start(RedisOptions::default());
     let store = testing::connect(&redis.url(), "indexes").await;
-    store
-        .deploy(DeployRequest {
-            tenant: "t".into(),
-            name: "f".into(),
-            digest: "digest-f".into(),
-            component: b"f".to_vec(),
-            settings: FunctionSettings::default(),
-            events: vec![],
-            schedule: None,
-        })
-        .await
-        .expect("deploy");
+    testing::deploy(&store, "t", "f").await;
     let p = store.tenant_prefix("t");
 
     let before = counts(&redis);
