@@ -204,6 +204,7 @@ while claimed < room and parks > 0 do
     if claimed == 2 then zdefer(room - 2) end
   end
 end
+-- The deferred index writes go out before the lanes are counted below.
 zflush()
 charge(nil, claimed_bytes)
 -- Wake other workers only for what this claim left behind.
