@@ -677,13 +677,11 @@ pub async fn wait_healthy(api: &Api, within: Duration) {
     }
 }
 
-/// A loopback port that was free a moment ago.
+/// A loopback port that was free a moment ago, below the ephemeral range (no connection
+/// takes it as its source port before the daemon it is meant for binds it) and handed out
+/// once in this process ([`wasq_store_redis::testing::free_loopback_port`]).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    wasq_store_redis::testing::free_loopback_port()
 }
 
 /// Runs a CLI command to completion: (exit code, stdout, stderr).

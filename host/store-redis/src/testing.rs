@@ -73,20 +73,54 @@ fn port_free(port: u16) -> bool {
     port != 6379 && TcpListener::bind(("127.0.0.1", port)).is_ok()
 }
 
+/// The first port the kernel hands out as an ephemeral one (a connection's source port,
+/// a bind to port 0): `ip_local_port_range`'s low end, 32768 by default.
+fn ephemeral_floor() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
+}
+
 /// A free loopback port other than 6379 (and, for cluster nodes, with its bus port
-/// `port + 10000` free too).
+/// `port + 10000` free too), below the ephemeral range where it can be. A test that kills
+/// its Redis and starts it again on the same port leaves that port free meanwhile; in the
+/// ephemeral range any connection on the machine may take it as its source port — a
+/// daemon retrying the dead port can even connect to itself (TCP's simultaneous open) and
+/// hold it — and the restart then fails to bind. Below the range nothing takes it
+/// unasked, and this process hands each port out once (the tests of one binary run
+/// together; cargo runs the binaries one after another). (Ports under 10,000 are left to
+/// the machine's own services.)
 fn free_port(with_bus: bool) -> std::io::Result<u16> {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let bus = if with_bus { 10_000 } else { 0 };
+    let top = ephemeral_floor().saturating_sub(bus);
+    let range = if top > 11_000 {
+        10_000..top
+    } else {
+        20_000..50_000
+    };
     for _ in 0..200 {
-        let port = if with_bus {
-            fastrand::u16(20_000..50_000)
+        let port = fastrand::u16(range.clone());
+        let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+        let ports = if with_bus {
+            vec![port, port + bus]
         } else {
-            TcpListener::bind("127.0.0.1:0")?.local_addr()?.port()
+            vec![port]
         };
-        if port_free(port) && (!with_bus || port_free(port + 10_000)) {
+        if ports.iter().all(|p| !given.contains(p) && port_free(*p)) {
+            given.extend(ports);
             return Ok(port);
         }
     }
     Err(std::io::Error::other("no free port found"))
+}
+
+/// A free loopback port for a test's own listener (a daemon's `--listen`), picked as
+/// the Redis servers' are (`free_port`'s reasons hold for any port a test binds later or
+/// again), and never one of theirs.
+pub fn free_loopback_port() -> u16 {
+    free_port(false).expect("a free loopback port")
 }
 
 /// Sends one command in RESP and returns the raw reply (enough for PING and INFO-like
