@@ -226,6 +226,14 @@ async fn wasq(opts: &Opts, guest: Guest, c: usize, s: &mut Samples) {
         let (cpu, calls, _) = queued.per_run(&drained, n);
         add(s, "Redis CPU per drained run (µs)", sys, cpu);
         add(s, "Redis commands per drained run", sys, calls);
+        let (kernel, reads) = queued.kernel_per_run(&drained, n);
+        add(s, "Redis kernel CPU per drained run (µs)", sys, kernel);
+        add(
+            s,
+            "Redis socket reads per 100 drained runs",
+            sys,
+            reads * 100.0,
+        );
         let own = (process_cpu() - own) * 1e6 / n as f64;
         add(s, "worker process CPU per drained run (µs)", sys, own);
     }
@@ -366,6 +374,14 @@ fn peer(opts: &Opts, system: &str, c: usize, mode: &str, s: &mut Samples) {
         let (cpu, calls, _) = queued.per_run(&drained, n);
         add(s, "Redis CPU per drained run (µs)", system, cpu);
         add(s, "Redis commands per drained run", system, calls);
+        let (kernel, reads) = queued.kernel_per_run(&drained, n);
+        add(s, "Redis kernel CPU per drained run (µs)", system, kernel);
+        add(
+            s,
+            "Redis socket reads per 100 drained runs",
+            system,
+            reads * 100.0,
+        );
     }
 }
 

@@ -45,6 +45,11 @@ pub(crate) fn process_cpu() -> f64 {
 /// and µs.
 pub(crate) struct RedisStats {
     pub(crate) cpu: f64,
+    /// Of `cpu`, the seconds spent in the kernel (its sockets, mostly).
+    pub(crate) sys: f64,
+    /// Reads of client sockets Redis has made (`total_reads_processed`): one per batch
+    /// of requests a client sent together.
+    pub(crate) reads: u64,
     /// This process's CPU seconds at the same moment.
     pub(crate) own_cpu: f64,
     pub(crate) memory: f64,
@@ -58,7 +63,7 @@ impl RedisStats {
             .output()
             .expect("redis-cli runs");
         let text = String::from_utf8_lossy(&out.stdout);
-        let mut cpu = 0.0;
+        let (mut cpu, mut sys, mut reads) = (0.0, 0.0, 0);
         let mut memory = 0.0;
         let mut commands = std::collections::BTreeMap::new();
         for line in text.lines() {
@@ -66,7 +71,13 @@ impl RedisStats {
                 continue;
             };
             if key == "used_cpu_sys" || key == "used_cpu_user" {
-                cpu += value.parse::<f64>().unwrap_or(0.0);
+                let v = value.parse::<f64>().unwrap_or(0.0);
+                cpu += v;
+                if key == "used_cpu_sys" {
+                    sys = v;
+                }
+            } else if key == "total_reads_processed" {
+                reads = value.parse().unwrap_or(0);
             } else if key == "used_memory" {
                 memory = value.parse().unwrap_or(0.0);
             } else if let Some(name) = key.strip_prefix("cmdstat_") {
@@ -82,6 +93,8 @@ impl RedisStats {
         }
         RedisStats {
             cpu,
+            sys,
+            reads,
             own_cpu: process_cpu(),
             memory,
             commands,
@@ -104,13 +117,26 @@ impl RedisStats {
         )
     }
 
+    /// Of what `self` .. `later` cost Redis per run: the kernel's CPU µs and the reads of
+    /// client sockets.
+    pub(crate) fn kernel_per_run(&self, later: &RedisStats, runs: usize) -> (f64, f64) {
+        let n = runs as f64;
+        (
+            (later.sys - self.sys) * 1e6 / n,
+            (later.reads - self.reads) as f64 / n,
+        )
+    }
+
     /// Prints what `self` .. `later` cost per run: Redis CPU and memory, this process's CPU
     /// (when `own`: the work was done here, not by a child process), and calls and µs of
     /// each command.
     pub(crate) fn report(&self, later: &RedisStats, what: &str, runs: usize, own: bool) {
         let n = runs as f64;
         let (cpu, _, memory) = self.per_run(later, runs);
-        let mut line = format!("  {what}: redis {cpu:.1} µs CPU/run, {memory:+.0} B/run;");
+        let (sys, reads) = self.kernel_per_run(later, runs);
+        let mut line = format!(
+            "  {what}: redis {cpu:.1} µs CPU/run ({sys:.1} in the kernel, {reads:.2} socket reads), {memory:+.0} B/run;"
+        );
         if own {
             let own = (later.own_cpu - self.own_cpu) * 1e6 / n;
             line.push_str(&format!(" bench process {own:.0} µs CPU/run;"));
@@ -130,7 +156,7 @@ impl RedisStats {
             })
             .collect();
         rows.sort_by(|a, b| b.2.total_cmp(&a.2));
-        for (name, calls, usec) in rows.iter().take(8) {
+        for (name, calls, usec) in rows.iter().take(12) {
             line.push_str(&format!(" {name} {calls:.2}×/{usec:.1}µs"));
         }
         println!("{line}");

@@ -136,7 +136,6 @@ async fn a_call_that_moves_many_runs_writes_each_index_once() {
     for answer in store.end_attempts(ends).await {
         assert_eq!(answer.expect("end"), RunStatus::Succeeded);
     }
-    // ZADD: `st:succeeded`, `ended:ok`; ZREM: `leases`; and no look for waiters per run.
     // ZADD: `st:succeeded`, `ended:ok`; ZREM: `leases`; and no SMEMBERS per run for its
     // waiters. Was 40, 20 and 20.
     assert_eq!(since(&redis, &before), (2, 1, 0), "ends of {N}");
