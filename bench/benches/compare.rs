@@ -80,6 +80,22 @@ impl Opts {
 }
 
 /// {"i":N,"pad":"xxx…"}: 100 bytes of JSON for any N below 10^6, as the peers' payload.
+/// What Redis spent per run from `queued` to `drained` (a drain of `n` runs): CPU, the
+/// kernel's part of it, commands and socket reads.
+fn add_drained(s: &mut Samples, system: &str, queued: &RedisStats, drained: &RedisStats, n: usize) {
+    let (cpu, calls, _) = queued.per_run(drained, n);
+    add(s, "Redis CPU per drained run (µs)", system, cpu);
+    add(s, "Redis commands per drained run", system, calls);
+    let (kernel, reads) = queued.kernel_per_run(drained, n);
+    add(s, "Redis kernel CPU per drained run (µs)", system, kernel);
+    add(
+        s,
+        "Redis socket reads per 100 drained runs",
+        system,
+        reads * 100.0,
+    );
+}
+
 fn payload(i: usize) -> Vec<u8> {
     let pad = "x".repeat(100 - 17 - i.to_string().len());
     format!(r#"{{"i":{i},"pad":"{pad}"}}"#).into_bytes()
@@ -223,17 +239,7 @@ async fn wasq(opts: &Opts, guest: Guest, c: usize, s: &mut Samples) {
         n as f64 / drained_in.as_secs_f64(),
     );
     if c == 50 {
-        let (cpu, calls, _) = queued.per_run(&drained, n);
-        add(s, "Redis CPU per drained run (µs)", sys, cpu);
-        add(s, "Redis commands per drained run", sys, calls);
-        let (kernel, reads) = queued.kernel_per_run(&drained, n);
-        add(s, "Redis kernel CPU per drained run (µs)", sys, kernel);
-        add(
-            s,
-            "Redis socket reads per 100 drained runs",
-            sys,
-            reads * 100.0,
-        );
+        add_drained(s, sys, &queued, &drained, n);
         let own = (process_cpu() - own) * 1e6 / n as f64;
         add(s, "worker process CPU per drained run (µs)", sys, own);
     }
@@ -371,17 +377,7 @@ fn peer(opts: &Opts, system: &str, c: usize, mode: &str, s: &mut Samples) {
         add(s, "Redis CPU per create (µs)", system, cpu);
         add(s, "Redis commands per create", system, calls);
         add(s, "Redis memory per queued run (B)", system, memory);
-        let (cpu, calls, _) = queued.per_run(&drained, n);
-        add(s, "Redis CPU per drained run (µs)", system, cpu);
-        add(s, "Redis commands per drained run", system, calls);
-        let (kernel, reads) = queued.kernel_per_run(&drained, n);
-        add(s, "Redis kernel CPU per drained run (µs)", system, kernel);
-        add(
-            s,
-            "Redis socket reads per 100 drained runs",
-            system,
-            reads * 100.0,
-        );
+        add_drained(s, system, &queued, &drained, n);
     }
 }
 
