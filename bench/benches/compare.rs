@@ -79,7 +79,6 @@ impl Opts {
     }
 }
 
-/// {"i":N,"pad":"xxx…"}: 100 bytes of JSON for any N below 10^6, as the peers' payload.
 /// What Redis spent per run from `queued` to `drained` (a drain of `n` runs): CPU, the
 /// kernel's part of it, commands and socket reads.
 fn add_drained(s: &mut Samples, system: &str, queued: &RedisStats, drained: &RedisStats, n: usize) {
@@ -96,6 +95,7 @@ fn add_drained(s: &mut Samples, system: &str, queued: &RedisStats, drained: &Red
     );
 }
 
+/// {"i":N,"pad":"xxx…"}: 100 bytes of JSON for any N below 10^6, as the peers' payload.
 fn payload(i: usize) -> Vec<u8> {
     let pad = "x".repeat(100 - 17 - i.to_string().len());
     format!(r#"{{"i":{i},"pad":"{pad}"}}"#).into_bytes()

@@ -384,6 +384,16 @@ impl RedisServer {
     pub fn cli(&self, args: &[&str]) -> String {
         cli(self.port, args).expect("redis-cli")
     }
+
+    /// Calls of `command` (lower case, as `INFO commandstats` names it) this server has
+    /// served so far, those scripts made included.
+    pub fn calls(&self, command: &str) -> u64 {
+        let prefix = format!("cmdstat_{command}:calls=");
+        self.cli(&["INFO", "commandstats"])
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+    }
 }
 
 fn signal(sig: &str, pid: &str) -> std::io::Result<()> {

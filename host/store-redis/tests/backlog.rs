@@ -447,13 +447,7 @@ async fn claim_tenants(
     redis: &RedisServer,
     limit: usize,
 ) -> (Vec<String>, u64) {
-    let fcalls = || {
-        let stats = redis.cli(&["INFO", "commandstats"]);
-        stats
-            .lines()
-            .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
-            .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
-    };
+    let fcalls = || redis.calls("fcall");
     let before = fcalls();
     let claimed = store
         .claim(ClaimRequest {

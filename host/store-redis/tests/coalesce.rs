@@ -5,14 +5,6 @@
 use wasq_core::*;
 use wasq_store_redis::testing::{self, RedisOptions, RedisServer};
 
-fn fcalls(redis: &RedisServer) -> u64 {
-    let stats = redis.cli(&["INFO", "commandstats"]);
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
-        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
-}
-
 fn req(tenant: &str, n: usize) -> EnqueueRequest {
     EnqueueRequest {
         tenant: tenant.into(),
@@ -31,18 +23,18 @@ async fn enqueues_made_at_once_go_out_together_each_answered_with_its_run() {
         testing::deploy(&store, tenant, "f").await;
     }
     // Alone: one call.
-    let before = fcalls(&redis);
+    let before = redis.calls("fcall");
     let alone = store.enqueue(req("a", 1000)).await.expect("enqueue");
     assert!(alone.created);
-    assert_eq!(fcalls(&redis) - before, 1);
+    assert_eq!(redis.calls("fcall") - before, 1);
 
     let reqs: Vec<EnqueueRequest> = (0..100)
         .map(|n| req(if n % 2 == 0 { "a" } else { "b" }, n))
         .collect();
-    let before = fcalls(&redis);
+    let before = redis.calls("fcall");
     let answers =
         futures_util::future::join_all(reqs.iter().cloned().map(|r| store.enqueue(r))).await;
-    let calls = fcalls(&redis) - before;
+    let calls = redis.calls("fcall") - before;
     // The first goes out alone; the rest arrive while it is on its way and go together,
     // by tenant, 32 to a call at most: 1 + 2 × 2 calls, a few more if the task wakes
     // between arrivals.

@@ -9,17 +9,6 @@ use wasq_store_redis::testing::{self, RedisOptions, RedisServer};
 
 const N: usize = 20;
 
-/// Calls of each command so far, by name (`INFO commandstats`; calls made by scripts
-/// count).
-fn calls(redis: &RedisServer, cmd: &str) -> u64 {
-    let stats = redis.cli(&["INFO", "commandstats"]);
-    let prefix = format!("cmdstat_{cmd}:calls=");
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix(prefix.as_str()))
-        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
-}
-
 struct Counts {
     zadd: u64,
     zrem: u64,
@@ -28,9 +17,9 @@ struct Counts {
 
 fn counts(redis: &RedisServer) -> Counts {
     Counts {
-        zadd: calls(redis, "zadd"),
-        zrem: calls(redis, "zrem"),
-        smembers: calls(redis, "smembers"),
+        zadd: redis.calls("zadd"),
+        zrem: redis.calls("zrem"),
+        smembers: redis.calls("smembers"),
     }
 }
 

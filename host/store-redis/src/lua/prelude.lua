@@ -161,7 +161,7 @@ local function run_indexes(queued)
 end
 -- The tenant's queued runs, counted from the indexes (once per tenant from before `nq`).
 local function count_queued()
-  if ZB then zflush() end
+  zflush()
   local n = 0
   for _, k in ipairs(run_indexes(true)) do n = n + rcall('ZCARD', k) end
   return n
@@ -1037,7 +1037,7 @@ end
 
 -- Ends a call: writes what it charged, and answers `reply`.
 local function leave(reply)
-  if ZB then zflush() end
+  zflush()
   settle_charges()
   flush_feed()
   return reply

@@ -100,7 +100,7 @@ end
 -- commands (the heads of four zsets, the meta, the global schedule), and a renewal as
 -- many. Tenants with named queues publish every change.
 local function publish(wake, force, h)
-  if ZB then zflush() end
+  zflush()
   local meta = KMETA
   h = h or tenant_meta()
   local multi = h[2] ~= false
@@ -158,7 +158,7 @@ end
 -- make a due time later, so when the tenant's (and their queues') are 'now' already only
 -- the wake-ups are left to do.
 local function publish_added(wake)
-  if ZB then zflush() end
+  zflush()
   local h = tenant_meta()
   FEEDUNTIL = h[3]
   if h[1] ~= '0' then return publish(wake, false, h) end
