@@ -4,7 +4,8 @@ local CLAIM_STEP = { queued = { @CLAIM_QUEUED@ }, sleeping = { @CLAIM_SLEEPING@ 
 -- Which starts count against a throttle, by status: (from attempt 0, from a later
 -- attempt), computed in scripts.rs from wasq_core::lifecycle::throttles_start.
 local THROTTLES = { queued = { @THROTTLES_QUEUED@ }, sleeping = { @THROTTLES_SLEEPING@ } }
-local LIMIT, LEASE, WORKER, WORKER_JSON = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], ARGV[8]
+-- (ARGV[7], the worker's name, is not stored: an execution keeps it as JSON, ARGV[8].)
+local LIMIT, LEASE, WORKER_JSON = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[8]
 local wake = 0
 TAKES = true
 -- The tenant's meta (what `publish` reads, and the quotas), read first: a tenant without
@@ -26,7 +27,7 @@ if ARGV[10] == '' then
     local r = rcall('HMGET', runkey(id), 'status', 'lease_token', 'worker', 'attempt',
       'max_attempts', 'cancel_requested')
     if r[1] == 'running' then
-      need[#need + 1] = { id, r[2], r[3] or '', r[4], r[5], r[6] or '0' }
+      need[#need + 1] = { id, r[2], r[3] or lease_holder(id), r[4], r[5], r[6] or '0' }
     end
   end
   if #need > 0 then return { 'reap', need } end
@@ -98,9 +99,6 @@ if maxr then room = math.min(room, maxr - leased()) end
 local out, claimed = {}, 0
 local parks = @PARK_BUDGET@
 local ATT_COST, claimed_bytes = C_ATT + #WORKER_JSON, 0
--- A lease's fields hold no blob, and only the worker's name could unpack a run's hash.
-local LEASE_LENS = nil
-if #WORKER <= PACKED_MAX then LEASE_LENS = NOBLOB end
 -- Every lease of this claim expires at the same time.
 local EXPIRES = I(NOW + LEASE)
 -- The lanes to take from, in order: the queues named (the default one's is `q`), or
@@ -182,10 +180,11 @@ while claimed < room and parks > 0 do
     -- no blob, so the move charges nothing itself) and to the tenant once per claim.
     local att, token = I(n), I(tonumber(r.lease_token or '0') + 1)
     local sbytes = I(tonumber(r.sbytes or '0') + ATT_COST)
-    move(id, 'running', { 'attempt', att, 'resumed', resumed, 'lease_expires_at', EXPIRES,
-      'worker', WORKER, 'lease_token', token, 'sbytes', sbytes },
-      { status, r.created_at, r.wait_event, r.wait_run, cgate, r.parked, r.qu }, LEASE_LENS,
-      from, r['function'])
+    -- (A lease's fields hold no blob: NOBLOB. Its expiry is its score in `leases`, its
+    -- worker in the execution pushed below: see `move`.)
+    move(id, 'running', { 'attempt', att, 'resumed', resumed, 'lease_token', token,
+      'sbytes', sbytes }, { status, r.created_at, r.wait_event, r.wait_run, cgate, r.parked,
+      r.qu }, NOBLOB, from, r['function'], EXPIRES)
     rcall('RPUSH', P .. 'att:' .. id, att .. '|' .. NOWS .. '|' .. WORKER_JSON)
     claimed_bytes = claimed_bytes + ATT_COST
     -- The run as the move left it: what it read (a constructor of RUN_FIELDS' values,

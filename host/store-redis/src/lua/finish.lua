@@ -107,15 +107,15 @@ local function finish(e)
     local full = run_full(id, tonumber(h[13] or '0') + pending(id, 'sbytes'), n)
     if full then return full end
   end
-  -- The run's first step written here (`adding` found it) leaves its `nosteps` to go
-  -- with the fields `apply` drops: one HDEL, not two.
-  local drop = nil
+  -- The run's first step written here (`adding` found it) leaves its `nosteps` to be
+  -- set to '0' with the fields `apply` writes: no HDEL.
+  local extra = nil
   for _, r in ipairs(e.recs) do
     if r.kind == 'step' then
       append_logs(id, r.first, r.mrun, r.mten, r.last)
       if not r.old then
         write_step(id, r.field, r.out, m[15], r.first_step, true)
-        if r.first_step then drop = 'nosteps' end
+        if r.first_step then extra = { 'nosteps', '0' } end
       end
     elseif r.kind == 'logs' then
       append_logs(id, r.first, r.mrun, r.mten, r.last)
@@ -125,11 +125,16 @@ local function finish(e)
       rcall('HSET', rk, 'progress', r.blob)
     end
   end
-  local extra = nil
-  if t.status == 'waiting' then extra = { 'wait', ARGV[e.wait], 'wait_step', ARGV[e.wait + 1] } end
+  if t.status == 'waiting' then
+    if not extra then extra = {} end
+    local n = #extra
+    extra[n + 1], extra[n + 2] = 'wait', ARGV[e.wait]
+    extra[n + 3], extra[n + 4] = 'wait_step', ARGV[e.wait + 1]
+  end
+  -- A running run has no finish time (see `apply`).
   local lens = { error = m[11] and #m[11] or 0, output = m[12] and #m[12] or 0,
-    resolution = m[13] and #m[13] or 0 }
-  if apply(id, t, m, extra, lens, drop) then wake = wake + 1 end
+    resolution = m[13] and #m[13] or 0, finished_at = 0 }
+  if apply(id, t, m, extra, lens, tonumber(h[13] or '0')) then wake = wake + 1 end
   local status = t.status
   if status == 'waiting' then
     local W = e.wait

@@ -727,8 +727,16 @@ local MOVE_FIELDS = { 'status', 'created_at', 'wait_event', 'wait_run', 'cgate',
 -- or out of `queued`).
 -- `lens`: NOBLOB when `fields` set no blob and no value over PACKED_MAX (a claim's lease),
 -- so that they are not looked through.
+-- `expires`: a claim's lease expiry. A lease is not kept in the run's hash: its expiry is
+-- the run's score in `leases`, its worker in the open execution (`att:`), and its token
+-- (`lease_token`, the fence) alone in the hash; the two fields a claim wrote and an end
+-- deleted cost both a scan of the packed hash per field (an older wasq's running runs
+-- still have them: nothing reads them but `lease_holder`).
+-- `sbase`: the run's `sbytes` as this call read it, when the caller did: what this call
+-- charged the run so far is then written with the move's HSET, not by an HINCRBY of its
+-- own when the call returns.
 local NOBLOB = {}
-local function move(id, status, fields, pre, lens, from, fname)
+local function move(id, status, fields, pre, lens, from, fname, expires, sbase)
   local rk = runkey(id)
   local r = pre or rcall('HMGET', rk, unpack(MOVE_FIELDS))
   local old, created, cgate = r[1], r[2], r[5]
@@ -761,6 +769,13 @@ local function move(id, status, fields, pre, lens, from, fname)
     rcall('HDEL', rk, 'parked')
   end
   if lens ~= NOBLOB then charge(id, blob_delta(id, fields, lens)) end
+  if sbase then
+    local d = RDELTA[id]
+    if d and d.sbytes then
+      fields[#fields + 1], fields[#fields + 2] = 'sbytes', I(sbase + d.sbytes)
+      d.sbytes = nil
+    end
+  end
   rcall('HSET', rk, 'status', status, 'updated_at', NOWS, unpack(fields))
   if status == 'queued' or status == 'sleeping' then
     local h = rcall('HMGET', rk, 'due_at', 'rank_offset', 'qu')
@@ -771,12 +786,11 @@ local function move(id, status, fields, pre, lens, from, fname)
       zadd_maint(KREADY, h[1], id)
     end
   elseif status == 'running' then
-    local exp = field_or_stored(fields, 'lease_expires_at', rk)
     if not PINNED then
       zadd1(KLEASES, '+inf', LEASE_PIN)
       PINNED = true
     end
-    zadd_maint(KLEASES, exp, id)
+    zadd_maint(KLEASES, expires, id)
   elseif status == 'succeeded' or status == 'skipped' then
     zadd1(KENDOK, field_or_stored(fields, 'finished_at', rk), id)
   elseif status == 'failed' or status == 'cancelled' then
@@ -795,6 +809,17 @@ local function move(id, status, fields, pre, lens, from, fname)
   end
 end
 
+-- The worker holding run `id`'s lease: its open execution's (the last of its attempts
+-- list, `number|started_at|worker JSON`); '' when there is none.
+local function lease_holder(id)
+  local last = rcall('LINDEX', P .. 'att:' .. id, '-1')
+  local json = last and string.match(last, '^[^|]*|[^|]*|([^\n]*)$')
+  if not json then return '' end
+  local ok, name = pcall(cjson.decode, json)
+  if ok and type(name) == 'string' then return name end
+  return ''
+end
+
 -- Ends the run's latest execution (the last element of its attempts list).
 local function close_attempt(id, err, fuel, suspended)
   local ak = P .. 'att:' .. id
@@ -811,7 +836,7 @@ end
 -- the run's first step creates both keys. `first`: whether it is the run's first step,
 -- nil to read it (the run still has `nosteps`).
 local function step_cost(id, field, output, first)
-  if first == nil then first = rcall('HEXISTS', runkey(id), 'nosteps') == 1 end
+  if first == nil then first = rcall('HGET', runkey(id), 'nosteps') == '1' end
   local c = C_STEP + 2 * #field + mem(#output)
   if first then c = c + 2 * KEY end
   return c
@@ -820,13 +845,14 @@ end
 -- Stores a step output; the first write wins. A caller that knows already that the step
 -- is not stored passes `first`: whether it is the run's first step (the run still has
 -- `nosteps`), true or false; nil makes this read both (a finish knows them: two commands
--- fewer per step). The first step clears `nosteps`, unless `flag_later`: the caller
--- deletes it with other fields (a finish, in its transition's HDEL: a command fewer).
+-- fewer per step). The first step clears `nosteps` (deletes it), unless `flag_later`:
+-- the caller sets it to '0' with the other fields it writes (a finish, in its
+-- transition's HSET: a command fewer). Only '1' means no steps.
 local function write_step(id, field, output, attempt, first, flag_later)
   local sk = P .. 'steps:' .. id
   if first == nil then
     if rcall('HEXISTS', sk, field) == 1 then return end
-    first = rcall('HEXISTS', runkey(id), 'nosteps') == 1
+    first = rcall('HGET', runkey(id), 'nosteps') == '1'
   end
   charge(id, step_cost(id, field, output, first))
   rcall('HSET', sk, field, output)
@@ -930,10 +956,15 @@ local function read_transition(i)
 end
 
 -- Writes transition `t` of run `id`: its history, its tenant's usage, its hash and every
--- index (`move`, which takes `pre`, `extra` fields and the blobs' `lens`). It decides nothing: whatever the
--- transition says is stored. Returns whether the run is now claimable at once. `drop`: a
--- field (not a blob) to delete with those the transition drops.
-local function apply(id, t, pre, extra, lens, drop)
+-- index (`move`, which takes `pre`, `extra` fields and the blobs' `lens`). It decides
+-- nothing: whatever the transition says is stored. Returns whether the run is now
+-- claimable at once. `sbase`: see `move`. A field the transition drops is only deleted
+-- when it may be there: `lens` (the caller read the run) says which blobs are not, and
+-- `lens.finished_at` = 0 that the run has no finish time (a running run: only terminal
+-- runs have one, as every transition out of those drops it) — so an end that succeeds
+-- deletes nothing.
+local function may_have(lens, f) return not (lens and lens[f] == 0) end
+local function apply(id, t, pre, extra, lens, sbase)
   local rk = runkey(id)
   if t.exec == 'close' then
     close_attempt(id, t.eerr, t.efuel, t.esusp)
@@ -948,32 +979,36 @@ local function apply(id, t, pre, extra, lens, drop)
     UEXEC = UEXEC + 1
     if t.ufuel ~= '' then UFUEL = UFUEL + tonumber(t.ufuel) end
   end
-  local fields, gone = extra or {}, { 'lease_expires_at', 'worker', drop }
+  -- Without `lens` (a run not read first) the lease fields an older wasq kept in the hash
+  -- go too.
+  local fields, gone = extra or {}, {}
+  if not lens then gone = { 'lease_expires_at', 'worker' } end
   -- (Appended in line: a closure made per call to append them cost more than the rest.)
   local n = #fields
   if t.errmode == 's' then
     fields[n + 1], fields[n + 2], n = 'error', t.err, n + 2
-  elseif t.errmode == 'c' then
+  elseif t.errmode == 'c' and may_have(lens, 'error') then
     gone[#gone + 1] = 'error'
   end
   if t.hasout == '1' then fields[n + 1], fields[n + 2], n = 'output', t.out, n + 2 end
   if t.due ~= '' then fields[n + 1], fields[n + 2], n = 'due_at', t.due, n + 2 end
   if t.fin ~= '' then
     fields[n + 1], fields[n + 2], n = 'finished_at', t.fin, n + 2
-  else
+  elseif may_have(lens, 'finished_at') then
     gone[#gone + 1] = 'finished_at'
   end
   if t.res ~= '' then
     fields[n + 1], fields[n + 2], n = 'resolution', t.res, n + 2
-  else
+  elseif may_have(lens, 'resolution') then
     gone[#gone + 1] = 'resolution'
   end
   if t.clearcancel == '1' then fields[n + 1], fields[n + 2], n = 'cancel_requested', '0', n + 2 end
   if t.giveback == '1' then
     fields[n + 1], fields[n + 2] = 'attempt', I(tonumber(rcall('HGET', rk, 'attempt')) - 1)
   end
-  move(id, t.status, fields, pre, lens)
-  drop_blobs_known(id, lens, gone)
+  -- The dropped blobs are given back before the move writes what the run is charged.
+  if #gone > 0 then drop_blobs_known(id, lens, gone) end
+  move(id, t.status, fields, pre, lens, nil, nil, nil, sbase)
   return (t.status == 'queued' or t.status == 'sleeping')
     and tonumber(rcall('HGET', rk, 'due_at')) <= NOW
 end

@@ -5,7 +5,7 @@ for i = 6, #ARGV, 2 do
   local rk = runkey(id)
   local r = rcall('HMGET', rk, 'status', 'lease_token', 'cancel_requested')
   if r[1] == 'running' and r[2] == token and r[3] ~= '1' then
-    rcall('HSET', rk, 'lease_expires_at', exp)
+    -- A lease's expiry is its score in `leases` alone (see `move`).
     zadd_maint(KLEASES, exp, id)
   elseif r[1] == 'running' and r[2] == token then
     cancelling[#cancelling + 1] = id
