@@ -273,6 +273,11 @@ fn scenarios<S: Store + Directory + Workers>() -> Vec<(&'static str, &'static st
             |s, c| Box::pin(storage::purge(s, c)),
         ),
         (
+            "purge_past_long_runs",
+            "a purge gets past runs created long ago that ended inside the retention",
+            |s, c| Box::pin(storage::purge_past_long_runs(s, c)),
+        ),
+        (
             "tenants",
             "tenants are created once, listed and given quotas",
             |s, c| Box::pin(tenants::tenants(s, c)),
@@ -469,6 +474,7 @@ macro_rules! conformance_tests {
             event_subscribers,
             wait_run,
             purge,
+            purge_past_long_runs,
             tenants,
             keys,
             usage,

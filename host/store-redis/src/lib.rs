@@ -98,7 +98,7 @@
 //! | `G seq` | hash | tenant → sequence number of the last applied `due` update (Cluster) |
 //! | `G wake` | list | wake-up tokens for `wait_for_work` (BLPOP), each the name of the tenant that published it ('1' from older versions: none), at most 64 |
 //! | `G wake:<queue>` | list | the same for workers naming the queue (tenants with named queues): one per run that entered its lane, one when its due time came earlier |
-//! | `P meta` | hash | `next` (last published due time), `seq` (its sequence number, on Cluster); with named queues `mq` = 1 and `next:<queue>` (each queue's); `feed`: the tenant feed is recorded until then; `crons` = 1 once `crons` is complete; the quotas the scripts enforce (`max_running`, `max_queued`, the storage quotas, mirrored by `directory.rs`; `qm` = 1 once they are here: an older wasq kept them in `P quotas`, which the first script that needs them moves here), read with `next`, `mq` and `feed` in one `HMGET` |
+//! | `P meta` | hash | `next` (last published due time), `seq` (its sequence number, on Cluster); with named queues `mq` = 1 and `next:<queue>` (each queue's); `feed`: the tenant feed is recorded until then; `crons` = 1 once `crons` is complete; the quotas the scripts enforce (`max_running`, `max_queued`, the storage quotas, mirrored by `directory.rs`; `qm` = 1 once they are here: an older wasq kept them in `P quotas`, which the first script that needs them moves here), read with `next`, `mq` and `feed` in one `HMGET`; for the purge, `pc:<status>` (where its walk of `st:<status>` resumes) and `noall`, `norun`, `noended` (an older wasq's indexes are dropped) |
 //! | `P fn:<name>` | hash | name, digest, size_bytes, settings JSON, sv (its version: 16 hex of the SHA-1 of `digest\nsettings`), svd (`1`: `sv` names the component too; absent for a function deployed before, whose next enqueue gives it such a version), max_attempts, queue (absent: `default`), events JSON, schedule JSON, created_at, updated_at |
 //! | `P queues` | set | the tenant's queues besides `default` (named by deploys; it only grows) |
 //! | `P qload` | hash | `<queue>\|queued`, `<queue>\|running` → runs of a named queue (the default queue's are the rest of the tenant's: `nq` and `st:queued`, `leases`) |
@@ -131,7 +131,7 @@
 //! | `P byfn:<function>` | zset | runs of a function by creation time, in any status but queued |
 //! | `P st:<status>` | zset | runs in a status by creation time, for every status but queued and running (`st:queued` holds runs queued before `qfn:`, until they leave the status; a running run's index is its lease, and `st:running`, which an older wasq kept, goes at the tenant's first purge); between them, `leases` and the `qfn:` indexes, every run: an unfiltered listing merges them, running runs ordered by their ids (which begin with their creation time) |
 //! | `P kids:<parent>` | zset | child runs by creation time |
-//! | `P ended:ok`, `P ended:bad` | zset | succeeded / failed and cancelled runs by finish time (purge) |
+//! | `P ended:ok`, `P ended:bad` | zset | an older wasq's index of ended runs by finish time, for the purge; a tenant's first purge since drops them (`meta.noended`): the purge finds ended runs through `st:<status>` (from a cursor, `meta.pc:<status>`) |
 //! | `P idem:<function>` | hash | idempotency key → `created_at:run id` |
 //! | `P events`, `P evz` | hash, zset | event id → time first seen (dedup window), and the same by time for clean-up |
 //! | `P waiters:<event>` | set | runs waiting for an event of that name |
@@ -272,9 +272,9 @@ const COLLECT_MIN_IDLE: Duration = Duration::from_secs(3600);
 /// little; `tests/tests/storage_usage.rs` checks a mixed workload within 10%):
 /// - `run`: the run's hash while packed (about 15 small fields: ~480 bytes, 70 fewer
 ///   since a run pins its component by its settings version instead of a digest; see
-///   `UNPACK_COST` for one that is not), its entries in `byfn:`, `st:` and
-///   `ended:` (~130 bytes each, the zset's hash table included), and its `att:` list's
-///   key (~250 bytes: nearly every run runs);
+///   `UNPACK_COST` for one that is not), its entries in `byfn:` and `st:` (~130 bytes
+///   each, the zset's hash table included; 130 fewer since ended runs are not indexed
+///   by finish time too), and its `att:` list's key (~250 bytes: nearly every run runs);
 /// - `attempt`: one entry of `att:` besides the worker name and error it holds;
 /// - `step`: the field in `steps:` and the entry in `stepseq:` (~30 bytes while the hash
 ///   is packed, ~75 once a step output over 64 bytes or the 129th step unpacks it);
@@ -283,7 +283,7 @@ const COLLECT_MIN_IDLE: Duration = Duration::from_secs(3600);
 /// - `function`: its `fn:` hash (settings included), its entries in `fns` and `sub:`, and
 ///   its component's key.
 pub(crate) const COST: CostModel = CostModel {
-    run: 960,
+    run: 830,
     attempt: 50,
     step: 40,
     log_line: 5,

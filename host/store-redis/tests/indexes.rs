@@ -125,16 +125,99 @@ async fn a_call_that_moves_many_runs_writes_each_index_once() {
     for answer in store.end_attempts(ends).await {
         assert_eq!(answer.expect("end"), RunStatus::Succeeded);
     }
-    // ZADD: `st:succeeded`, `ended:ok`; ZREM: `leases`; and no SMEMBERS per run for its
-    // waiters. Was 40, 20 and 20.
-    assert_eq!(since(&redis, &before), (2, 1, 0), "ends of {N}");
+    // ZADD: `st:succeeded` (ended runs are not indexed by finish time too: the purge
+    // walks the status indexes); ZREM: `leases`; and no SMEMBERS per run for its waiters.
+    // Was 40, 20 and 20.
+    assert_eq!(since(&redis, &before), (1, 1, 0), "ends of {N}");
     assert_eq!(members(&redis, &p, "st:succeeded"), ids);
-    assert_eq!(members(&redis, &p, "ended:ok"), ids);
+    assert_eq!(members(&redis, &p, "ended:ok"), Vec::<String>::new());
     let mut leased = members(&redis, &p, "leases");
     leased.retain(|m| ids.contains(m));
     assert_eq!(leased, Vec::<String>::new(), "no lease left");
     for id in &ids {
         let run = store.run("t", id).await.unwrap().expect("run").run;
         assert_eq!(run.status, RunStatus::Succeeded);
+    }
+}
+
+/// Ended runs an older wasq also indexed by finish time (`ended:ok`, `ended:bad`): the
+/// tenant's first purge since drops those indexes, and finds the runs through their
+/// status index all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_drops_the_older_ended_indexes_and_purges_their_runs() {
+    let redis = RedisServer::start(RedisOptions::default());
+    let store = testing::connect(&redis.url(), "indexes").await;
+    testing::deploy(&store, "t", "f").await;
+    let p = store.tenant_prefix("t");
+    let reqs = (0..3)
+        .map(|_| EnqueueRequest {
+            tenant: "t".into(),
+            function: "f".into(),
+            input: b"{}".to_vec(),
+            trigger: "api".into(),
+            ..EnqueueRequest::default()
+        })
+        .collect();
+    let mut ids: Vec<String> = store
+        .enqueue_batch(reqs)
+        .await
+        .expect("enqueue_batch")
+        .into_iter()
+        .map(|e| e.run.id)
+        .collect();
+    ids.sort();
+    let claimed = store
+        .claim(ClaimRequest {
+            worker: "w".into(),
+            limit: 3,
+            lease_ms: 60_000,
+            queues: vec![],
+        })
+        .await
+        .expect("claim");
+    let ends = claimed
+        .iter()
+        .map(|c| AttemptEnd {
+            lease: c.lease.clone(),
+            records: vec![],
+            outcome: Outcome::Succeeded {
+                output: b"1".to_vec(),
+                fuel_used: None,
+            },
+        })
+        .collect();
+    for answer in store.end_attempts(ends).await {
+        assert_eq!(answer.expect("end"), RunStatus::Succeeded);
+    }
+    // As an older wasq left them: in `ended:ok` too, by finish time.
+    for id in &ids {
+        let run = store.run("t", id).await.unwrap().expect("run").run;
+        let fin = run.finished_at.expect("finished").to_string();
+        redis.cli(&["ZADD", &format!("{p}ended:ok"), &fin, id]);
+    }
+    redis.cli(&["ZADD", &format!("{p}ended:bad"), "1", "gone"]);
+
+    let purged = store
+        .purge(PurgeRequest {
+            succeeded_before: i64::MAX,
+            failed_before: i64::MAX,
+            limit: 100,
+        })
+        .await
+        .expect("purge");
+    assert_eq!(purged, 3);
+    for key in ["ended:ok", "ended:bad", "st:succeeded"] {
+        assert_eq!(
+            redis.cli(&["EXISTS", &format!("{p}{key}")]).trim(),
+            "0",
+            "{key} is gone"
+        );
+    }
+    assert_eq!(
+        redis.cli(&["HGET", &format!("{p}meta"), "noended"]).trim(),
+        "1"
+    );
+    for id in &ids {
+        assert!(store.run("t", id).await.unwrap().is_none());
     }
 }

@@ -539,3 +539,75 @@ pub(super) async fn purge(store: impl Store, clock: ManualClock) {
             .is_some()
     );
 }
+
+/// Runs created before a purge's cutoff that ended inside the retention (they ran or
+/// waited long) are kept, and however many come first, a purge of one run at a time gets
+/// past them to a run that finished before the cutoff, within a few calls.
+pub(super) async fn purge_past_long_runs(store: impl Store, clock: ManualClock) {
+    deploy_fn(&store, "f", "d", 1).await;
+    let succeed = |c: Claimed| {
+        let store = &store;
+        async move {
+            store
+                .finish(
+                    &c.lease,
+                    Outcome::Succeeded {
+                        output: b"1".to_vec(),
+                        fuel_used: None,
+                    },
+                )
+                .await
+                .unwrap();
+        }
+    };
+    let mut long = Vec::new();
+    for _ in 0..10 {
+        long.push(enqueue(&store, "f", "{}").await.id);
+        clock.advance(1);
+    }
+    let running = claim(&store, "w", 10).await;
+    assert_eq!(running.len(), 10);
+    let short = enqueue(&store, "f", "{}").await;
+    succeed(claim_one(&store).await).await;
+    clock.advance(1_000);
+    for c in running {
+        succeed(c).await;
+    }
+
+    let cutoff = T0 + 500;
+    let mut purged = 0;
+    for _ in 0..20 {
+        purged += store
+            .purge(PurgeRequest {
+                succeeded_before: cutoff,
+                failed_before: cutoff,
+                limit: 1,
+            })
+            .await
+            .unwrap();
+    }
+    assert_eq!(purged, 1, "only the run that finished before the cutoff");
+    assert!(
+        store
+            .run(DEFAULT_TENANT, &short.id)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    for id in &long {
+        assert!(
+            store.run(DEFAULT_TENANT, id).await.unwrap().is_some(),
+            "a run that ended inside the retention is kept"
+        );
+    }
+    // Once they too are past it, they go.
+    let purged = store
+        .purge(PurgeRequest {
+            succeeded_before: T0 + 2_000,
+            failed_before: T0 + 2_000,
+            limit: 100,
+        })
+        .await
+        .unwrap();
+    assert_eq!(purged, 10);
+}

@@ -183,9 +183,7 @@ local function insert_run(id, fname, input, trigger, due, idem, retry, retry_max
     rcall('HINCRBY', KRDIG, pinned, '1')
   end
   reindex(id, fname, nil, status, NOWS)
-  if status == 'skipped' then
-    zadd1(KENDOK, NOWS, id)
-  else
+  if status ~= 'skipped' then
     if tonumber(due) <= NOW then
       local rank = due
       if fl.offset ~= '0' then rank = I(tonumber(due) + tonumber(fl.offset)) end

@@ -21,7 +21,7 @@ local function I(n) return sformat('%d', n) end
 -- The tenant's fixed keys, made once per tenant prefix (consecutive calls nearly always
 -- serve the same tenant): building a key name costs a Lua string, which costs about as
 -- much as a cheap Redis command.
-local KP, KQ, KREADY, KLEASES, KUSAGE, KMETA, KQUOTAS, KTIMEOUTS, KGTIMER, KENDOK, KENDBAD
+local KP, KQ, KREADY, KLEASES, KUSAGE, KMETA, KQUOTAS, KTIMEOUTS, KGTIMER, KENDED
 local KRDIG, KSETS, KTCFG, KDEB, KST, KQUEUES, KLANES, KNQ, KQFN, KBYFN
 -- NQDELTA: the change this call made to the count of queued runs, written to `nq` once by
 -- settle_charges (a claim of 50 runs writes it once, not 50 times).
@@ -703,21 +703,13 @@ local function unpark_one(gate)
   if p[1] then unpark(p[1], p[2]) end
 end
 
--- The value of field `name` in a flat name/value list, or the run's stored value.
-local function field_or_stored(fields, name, rk)
-  for i = 1, #fields, 2 do
-    if fields[i] == name then return fields[i + 1] end
-  end
-  return rcall('HGET', rk, name)
-end
-
 -- The fields `move` reads first, in this order; a caller that read them already (the
 -- first MOVE_FIELDS elements of its HMGET) passes them as `pre`.
 local MOVE_FIELDS = { 'status', 'created_at', 'wait_event', 'wait_run', 'cgate', 'parked', 'qu' }
 
 -- Moves run `id` to `status`, setting `fields` (flat name/value list) and updated_at, and
 -- keeps every index in step: status index, ready/lane/park/lease/timeout zsets, waiter
--- sets, ended zsets, running sets of concurrency keys. Waiting runs get their waiter-set
+-- sets, running sets of concurrency keys. Waiting runs get their waiter-set
 -- and timeout entries from the caller. A run is only taken out of the indexes its old
 -- status puts it in: queued and sleeping runs are in `ready` or `q` (or parked), running
 -- runs in `leases`, waiting runs in `timeouts` and their waiter set; entries an index
@@ -759,10 +751,10 @@ local function move(id, status, fields, pre, lens, from, fname, expires, sbase)
     zrem1(KTIMEOUTS, id)
     if r[3] then rcall('SREM', P .. 'waiters:' .. r[3], id) end
     if r[4] then rcall('SREM', P .. 'rw:' .. r[4], id) end
-  elseif old == 'succeeded' or old == 'skipped' then
-    zrem1(KENDOK, id)
-  elseif old == 'failed' or old == 'cancelled' then
-    zrem1(KENDBAD, id)
+  elseif KENDED[old] then
+    -- An ended run an older wasq also indexed by finish time (`ended:ok`, `ended:bad`,
+    -- which a tenant's first purge since drops): out of there too while they last.
+    zrem1(KENDED[old], id)
   end
   if r[6] then
     rcall('ZREM', P .. 'park:' .. r[6], id)
@@ -791,10 +783,6 @@ local function move(id, status, fields, pre, lens, from, fname, expires, sbase)
       PINNED = true
     end
     zadd_maint(KLEASES, expires, id)
-  elseif status == 'succeeded' or status == 'skipped' then
-    zadd1(KENDOK, field_or_stored(fields, 'finished_at', rk), id)
-  elseif status == 'failed' or status == 'cancelled' then
-    zadd1(KENDBAD, field_or_stored(fields, 'finished_at', rk), id)
   end
   if cgate and old ~= status then
     if status == 'running' then
@@ -1064,7 +1052,9 @@ local function enter(args)
     KP = P
     KQ, KREADY, KLEASES, KUSAGE = P .. 'q', P .. 'ready', P .. 'leases', P .. 'usage'
     KMETA, KQUOTAS, KTIMEOUTS, KGTIMER = P .. 'meta', P .. 'quotas', P .. 'timeouts', P .. 'gtimer'
-    KENDOK, KENDBAD, KRDIG = P .. 'ended:ok', P .. 'ended:bad', P .. 'rdig'
+    KENDED = { succeeded = P .. 'ended:ok', skipped = P .. 'ended:ok', failed = P .. 'ended:bad',
+      cancelled = P .. 'ended:bad' }
+    KRDIG = P .. 'rdig'
     KSETS, KTCFG, KDEB, KST, KQFN, KBYFN = P .. 'sets', P .. 'tcfg', P .. 'deb', {}, {}, {}
     KQUEUES, KLANES, KNQ = P .. 'queues', {}, P .. 'nq'
   end

@@ -9,8 +9,6 @@ local function delete(id)
     local k = pin(r[7], r[8])
     if rcall('HINCRBY', KRDIG, k, '-1') <= 0 then rcall('HDEL', KRDIG, k) end
   end
-  rcall('ZREM', KENDOK, id)
-  rcall('ZREM', KENDBAD, id)
   if r[1] then rcall('ZREM', stkey(r[1]), id) end
   if r[2] then rcall('ZREM', byfnkey(r[2]), id) end
   if r[3] then rcall('ZREM', P .. 'kids:' .. r[3], id) end
@@ -29,25 +27,58 @@ local function delete(id)
   end
   rcall('DEL', dk)
 end
--- Indexes an older wasq kept: of all runs, `all`, and of running runs, `st:running`
--- (they are indexed by their lease alone now). A tenant's first purge since drops them
--- (UNLINK frees them off Redis's main thread).
-local dropped = rcall('HMGET', KMETA, 'noall', 'norun')
-if dropped[1] ~= '1' then
-  rcall('UNLINK', P .. 'all')
-  rcall('HSET', KMETA, 'noall', '1')
+-- Indexes an older wasq kept: of all runs, `all`; of running runs, `st:running` (they are
+-- indexed by their lease alone now); of ended runs by finish time, `ended:ok` and
+-- `ended:bad` (the status indexes below find them). A tenant's first purge since drops
+-- them (UNLINK frees them off Redis's main thread).
+local dropped = rcall('HMGET', KMETA, 'noall', 'norun', 'noended')
+for i, old in ipairs({ { 'noall', P .. 'all' }, { 'norun', stkey('running') },
+  { 'noended', P .. 'ended:ok', P .. 'ended:bad' } }) do
+  if dropped[i] ~= '1' then
+    rcall('UNLINK', unpack(old, 2))
+    rcall('HSET', KMETA, old[1], '1')
+  end
 end
-if dropped[2] ~= '1' then
-  rcall('UNLINK', stkey('running'))
-  rcall('HSET', KMETA, 'norun', '1')
-end
-for _, pair in ipairs({ { 'ended:ok', ARGV[5] }, { 'ended:bad', ARGV[6] } }) do
-  if n < LIMIT then
-    local ids = rcall('ZRANGEBYSCORE', P .. pair[1], '-inf', '(' .. pair[2], 'LIMIT', 0, LIMIT - n)
-    for _, id in ipairs(ids) do
-      delete(id)
-      n = n + 1
+-- Ended runs are found through their status index, by creation time: a run created
+-- before its status's cutoff is deleted when it also finished before it, and kept when it
+-- ended since (it ran or waited long). So that kept runs cannot hold the purge up, each
+-- index is walked from a cursor (the meta's `pc:<status>`: the score the next walk starts
+-- after), which moves past each run kept, and starts over once the walk reaches the
+-- cutoff; a call reads at most SCAN runs for LIMIT deletions.
+local SCAN = 4 * LIMIT
+for _, e in ipairs({ { 'succeeded', ARGV[5] }, { 'skipped', ARGV[5] }, { 'failed', ARGV[6] },
+  { 'cancelled', ARGV[6] } }) do
+  local status, cutoff = e[1], e[2]
+  local key, cf, before = stkey(status), 'pc:' .. status, tonumber(cutoff)
+  local from = rcall('HGET', KMETA, cf)
+  local cursor, wrapped = from, from == nil
+  while n < LIMIT and SCAN > 0 do
+    local got = rcall('ZRANGEBYSCORE', key, cursor or '-inf', '(' .. cutoff, 'WITHSCORES',
+      'LIMIT', 0, math.min(SCAN, LIMIT - n))
+    if #got == 0 then
+      -- The walk reached the cutoff: it starts over (within this call, once, when it
+      -- did not start at the beginning).
+      cursor = nil
+      if wrapped then break end
+      wrapped = true
     end
+    for i = 1, #got, 2 do
+      local id = got[i]
+      SCAN = SCAN - 1
+      local r = rcall('HMGET', runkey(id), 'status', 'finished_at')
+      if r[1] ~= status then
+        -- Not a run in this status (any more): an entry no run backs is dropped.
+        rcall('ZREM', key, id)
+      elseif tonumber(r[2] or got[i + 1]) < before then
+        delete(id)
+        n = n + 1
+      else
+        cursor = '(' .. got[i + 1]
+      end
+    end
+  end
+  if cursor ~= from then
+    if cursor then rcall('HSET', KMETA, cf, cursor) else rcall('HDEL', KMETA, cf) end
   end
 end
 -- Event ids are only remembered for their dedup window.
