@@ -182,8 +182,11 @@ while claimed < room and parks > 0 do
     local sbytes = I(tonumber(r.sbytes or '0') + ATT_COST)
     -- (A lease's fields hold no blob: NOBLOB. Its expiry is its score in `leases`, its
     -- worker in the execution pushed below: see `move`.)
-    move(id, 'running', { 'attempt', att, 'resumed', resumed, 'lease_token', token,
-      'sbytes', sbytes }, { status, r.created_at, r.wait_event, r.wait_run, cgate, r.parked,
+    -- `resumed` is absent while '0': a run's first claim leaves it out (a field fewer for
+    -- this HSET, and for every scan of the run's hash until it ends).
+    local set = { 'attempt', att, 'lease_token', token, 'sbytes', sbytes }
+    if resumed ~= (r.resumed or '0') then set[7], set[8] = 'resumed', resumed end
+    move(id, 'running', set, { status, r.created_at, r.wait_event, r.wait_run, cgate, r.parked,
       r.qu }, NOBLOB, from, r['function'], EXPIRES)
     rcall('RPUSH', P .. 'att:' .. id, att .. '|' .. NOWS .. '|' .. WORKER_JSON)
     claimed_bytes = claimed_bytes + ATT_COST
