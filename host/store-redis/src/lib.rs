@@ -273,8 +273,11 @@ const COLLECT_MIN_IDLE: Duration = Duration::from_secs(3600);
 /// - `run`: the run's hash while packed (about 15 small fields: ~480 bytes, 70 fewer
 ///   since a run pins its component by its settings version instead of a digest; see
 ///   `UNPACK_COST` for one that is not), its entries in `byfn:` and `st:` (~130 bytes
-///   each, the zset's hash table included; 130 fewer since ended runs are not indexed
-///   by finish time too), and its `att:` list's key (~250 bytes: nearly every run runs);
+///   each, the zset's hash table included), and its `att:` list's key (~250 bytes:
+///   nearly every run runs). 170 fewer since 2026-12-07: ended runs are no longer
+///   indexed by finish time too (`ended:`), and a first claim no longer writes `resumed`
+///   (measured again: a tiny ended run counted 946 B for 932 actual, the mixed workload of
+///   `storage_usage.rs` +0.7%);
 /// - `attempt`: one entry of `att:` besides the worker name and error it holds;
 /// - `step`: the field in `steps:` and the entry in `stepseq:` (~30 bytes while the hash
 ///   is packed, ~75 once a step output over 64 bytes or the 129th step unpacks it);
@@ -283,7 +286,7 @@ const COLLECT_MIN_IDLE: Duration = Duration::from_secs(3600);
 /// - `function`: its `fn:` hash (settings included), its entries in `fns` and `sub:`, and
 ///   its component's key.
 pub(crate) const COST: CostModel = CostModel {
-    run: 830,
+    run: 790,
     attempt: 50,
     step: 40,
     log_line: 5,
