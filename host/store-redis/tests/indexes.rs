@@ -45,15 +45,9 @@ fn members(redis: &RedisServer, p: &str, key: &str) -> Vec<String> {
     ids
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_call_that_moves_many_runs_writes_each_index_once() {
-    let redis = RedisServer::start(RedisOptions::default());
-    let store = testing::connect(&redis.url(), "indexes").await;
-    testing::deploy(&store, "t", "f").await;
-    let p = store.tenant_prefix("t");
-
-    let before = counts(&redis);
-    let reqs = (0..N)
+/// Enqueues `n` runs of `t`'s function `f` in one batch; their ids, sorted.
+async fn enqueue_sorted(store: &wasq_store_redis::RedisStore, n: usize) -> Vec<String> {
+    let reqs = (0..n)
         .map(|n| EnqueueRequest {
             tenant: "t".into(),
             function: "f".into(),
@@ -63,8 +57,38 @@ async fn a_call_that_moves_many_runs_writes_each_index_once() {
         })
         .collect();
     let runs = store.enqueue_batch(reqs).await.expect("enqueue_batch");
-    let mut ids: Vec<String> = runs.iter().map(|e| e.run.id.clone()).collect();
+    let mut ids: Vec<String> = runs.into_iter().map(|e| e.run.id).collect();
     ids.sort();
+    ids
+}
+
+/// Ends every claimed run as succeeded, in one call.
+async fn succeed_all(store: &wasq_store_redis::RedisStore, claimed: &[Claimed]) {
+    let ends = claimed
+        .iter()
+        .map(|c| AttemptEnd {
+            lease: c.lease.clone(),
+            records: vec![],
+            outcome: Outcome::Succeeded {
+                output: b"1".to_vec(),
+                fuel_used: None,
+            },
+        })
+        .collect();
+    for answer in store.end_attempts(ends).await {
+        assert_eq!(answer.expect("end"), RunStatus::Succeeded);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_moves_many_runs_writes_each_index_once() {
+    let redis = RedisServer::start(RedisOptions::default());
+    let store = testing::connect(&redis.url(), "indexes").await;
+    testing::deploy(&store, "t", "f").await;
+    let p = store.tenant_prefix("t");
+
+    let before = counts(&redis);
+    let ids = enqueue_sorted(&store, N).await;
     // ZADD: `qfn:f`, the lane, and the global schedule (the tenant's first work); the one
     // SMEMBERS counts the tenant's queued runs, once (it has no count yet). One run at a
     // time this was 41 ZADD.
@@ -111,20 +135,7 @@ async fn a_call_that_moves_many_runs_writes_each_index_once() {
     assert_eq!(leased, ids, "every claimed run holds a lease");
 
     let before = counts(&redis);
-    let ends = claimed
-        .iter()
-        .map(|c| AttemptEnd {
-            lease: c.lease.clone(),
-            records: vec![],
-            outcome: Outcome::Succeeded {
-                output: b"1".to_vec(),
-                fuel_used: None,
-            },
-        })
-        .collect();
-    for answer in store.end_attempts(ends).await {
-        assert_eq!(answer.expect("end"), RunStatus::Succeeded);
-    }
+    succeed_all(&store, &claimed).await;
     // ZADD: `st:succeeded` (ended runs are not indexed by finish time too: the purge
     // walks the status indexes); ZREM: `leases`; and no SMEMBERS per run for its waiters.
     // Was 40, 20 and 20.
@@ -149,23 +160,7 @@ async fn a_purge_drops_the_older_ended_indexes_and_purges_their_runs() {
     let store = testing::connect(&redis.url(), "indexes").await;
     testing::deploy(&store, "t", "f").await;
     let p = store.tenant_prefix("t");
-    let reqs = (0..3)
-        .map(|_| EnqueueRequest {
-            tenant: "t".into(),
-            function: "f".into(),
-            input: b"{}".to_vec(),
-            trigger: "api".into(),
-            ..EnqueueRequest::default()
-        })
-        .collect();
-    let mut ids: Vec<String> = store
-        .enqueue_batch(reqs)
-        .await
-        .expect("enqueue_batch")
-        .into_iter()
-        .map(|e| e.run.id)
-        .collect();
-    ids.sort();
+    let ids = enqueue_sorted(&store, 3).await;
     let claimed = store
         .claim(ClaimRequest {
             worker: "w".into(),
@@ -175,20 +170,7 @@ async fn a_purge_drops_the_older_ended_indexes_and_purges_their_runs() {
         })
         .await
         .expect("claim");
-    let ends = claimed
-        .iter()
-        .map(|c| AttemptEnd {
-            lease: c.lease.clone(),
-            records: vec![],
-            outcome: Outcome::Succeeded {
-                output: b"1".to_vec(),
-                fuel_used: None,
-            },
-        })
-        .collect();
-    for answer in store.end_attempts(ends).await {
-        assert_eq!(answer.expect("end"), RunStatus::Succeeded);
-    }
+    succeed_all(&store, &claimed).await;
     // As an older wasq left them: in `ended:ok` too, by finish time.
     for id in &ids {
         let run = store.run("t", id).await.unwrap().expect("run").run;

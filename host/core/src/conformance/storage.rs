@@ -545,21 +545,6 @@ pub(super) async fn purge(store: impl Store, clock: ManualClock) {
 /// past them to a run that finished before the cutoff, within a few calls.
 pub(super) async fn purge_past_long_runs(store: impl Store, clock: ManualClock) {
     deploy_fn(&store, "f", "d", 1).await;
-    let succeed = |c: Claimed| {
-        let store = &store;
-        async move {
-            store
-                .finish(
-                    &c.lease,
-                    Outcome::Succeeded {
-                        output: b"1".to_vec(),
-                        fuel_used: None,
-                    },
-                )
-                .await
-                .unwrap();
-        }
-    };
     let mut long = Vec::new();
     for _ in 0..10 {
         long.push(enqueue(&store, "f", "{}").await.id);
@@ -568,23 +553,21 @@ pub(super) async fn purge_past_long_runs(store: impl Store, clock: ManualClock) 
     let running = claim(&store, "w", 10).await;
     assert_eq!(running.len(), 10);
     let short = enqueue(&store, "f", "{}").await;
-    succeed(claim_one(&store).await).await;
+    let c = claim_one(&store).await;
+    store.finish(&c.lease, ok()).await.unwrap();
     clock.advance(1_000);
     for c in running {
-        succeed(c).await;
+        store.finish(&c.lease, ok()).await.unwrap();
     }
 
-    let cutoff = T0 + 500;
+    let req = |before, limit| PurgeRequest {
+        succeeded_before: before,
+        failed_before: before,
+        limit,
+    };
     let mut purged = 0;
     for _ in 0..20 {
-        purged += store
-            .purge(PurgeRequest {
-                succeeded_before: cutoff,
-                failed_before: cutoff,
-                limit: 1,
-            })
-            .await
-            .unwrap();
+        purged += store.purge(req(T0 + 500, 1)).await.unwrap();
     }
     assert_eq!(purged, 1, "only the run that finished before the cutoff");
     assert!(
@@ -601,13 +584,5 @@ pub(super) async fn purge_past_long_runs(store: impl Store, clock: ManualClock) 
         );
     }
     // Once they too are past it, they go.
-    let purged = store
-        .purge(PurgeRequest {
-            succeeded_before: T0 + 2_000,
-            failed_before: T0 + 2_000,
-            limit: 100,
-        })
-        .await
-        .unwrap();
-    assert_eq!(purged, 10);
+    assert_eq!(store.purge(req(T0 + 2_000, 100)).await.unwrap(), 10);
 }
