@@ -373,6 +373,15 @@ pub enum SandboxError {
     Io(#[from] std::io::Error),
 }
 
+/// Why [`Sandbox::load_with`] failed: fetching the bytes, or loading them.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError<E> {
+    #[error("{0}")]
+    Fetch(E),
+    #[error("{0}")]
+    Load(SandboxError),
+}
+
 /// Runs components. Cheap to clone; all clones share one engine, pool and cache.
 #[derive(Clone)]
 pub struct Sandbox {
@@ -490,18 +499,44 @@ impl Sandbox {
     /// Loads a component that passed [`Sandbox::validate`] (on this or another host):
     /// from the disk cache when possible, else by compiling `bytes`.
     pub async fn load(&self, digest: &str, bytes: &[u8]) -> Result<(), SandboxError> {
+        self.load_with(digest, || async { Ok::<_, SandboxError>(bytes.to_vec()) })
+            .await
+            .map_err(|e| match e {
+                LoadError::Fetch(e) | LoadError::Load(e) => e,
+            })
+    }
+
+    /// [`Sandbox::load`] with the bytes fetched only when the component is not loaded
+    /// yet, by the first of the callers that want it at once: the others wait for its
+    /// load. A worker's slots start together; each fetching the component itself read it
+    /// once per slot from the store (50 times for a worker of 50, a Python component
+    /// being tens of megabytes, through Redis's one thread) and hashed it as often.
+    pub async fn load_with<E, F, Fut>(&self, digest: &str, fetch: F) -> Result<(), LoadError<E>>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<Vec<u8>, E>>,
+    {
         if self.is_loaded(digest) {
             return Ok(());
         }
-        // The digest names the cache file: never let other bytes be cached under it.
-        if Self::digest(bytes) != digest {
-            return Err(SandboxError::Compile(format!(
-                "the component bytes do not match digest {digest}"
-            )));
-        }
         let lock = self.inner.loading_lock(digest);
         let guard = lock.lock().await;
-        let result = self.load_locked(digest, bytes).await;
+        let result = async {
+            if self.is_loaded(digest) {
+                return Ok(());
+            }
+            let bytes = fetch().await.map_err(LoadError::Fetch)?;
+            // The digest names the cache file: never let other bytes be cached under it.
+            if Self::digest(&bytes) != digest {
+                return Err(LoadError::Load(SandboxError::Compile(format!(
+                    "the component bytes do not match digest {digest}"
+                ))));
+            }
+            self.load_locked(digest, &bytes)
+                .await
+                .map_err(LoadError::Load)
+        }
+        .await;
         drop(guard);
         self.inner.loading_done(digest);
         result

@@ -665,3 +665,49 @@ async fn loaded_components_and_cached_artifacts_are_bounded() {
         Some(&b"echo"[..])
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loads_wanted_at_once_fetch_the_component_once() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let sb = sandbox();
+    let bytes = wat::parse_str(TEST_COMPONENT).unwrap();
+    let digest = Sandbox::digest(&bytes);
+    let fetched = Arc::new(AtomicUsize::new(0));
+    let loads: Vec<_> = (0..8)
+        .map(|_| {
+            let (sb, bytes, digest, fetched) =
+                (sb.clone(), bytes.clone(), digest.clone(), fetched.clone());
+            tokio::spawn(async move {
+                sb.load_with(&digest, || async {
+                    fetched.fetch_add(1, Ordering::SeqCst);
+                    // Slow as a read of a big component: the others arrive meanwhile.
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    Ok::<_, String>(bytes)
+                })
+                .await
+            })
+        })
+        .collect();
+    for load in loads {
+        load.await.unwrap().unwrap();
+    }
+    assert_eq!(
+        fetched.load(Ordering::SeqCst),
+        1,
+        "one fetch for eight loads"
+    );
+    assert!(sb.is_loaded(&digest));
+    // A fetch that fails is the caller's error, and the next caller fetches again.
+    let other = wat::parse_str("(component (core module))").unwrap();
+    let d = Sandbox::digest(&other);
+    let err = sb
+        .load_with(&d, || async { Err::<Vec<u8>, _>("store down") })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LoadError::Fetch("store down")), "{err}");
+    let err = sb
+        .load_with(&d, || async { Ok::<_, String>(b"other bytes".to_vec()) })
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("do not match"), "{err}");
+}

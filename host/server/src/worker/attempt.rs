@@ -340,17 +340,23 @@ fn without_steps(records: Vec<Record>) -> Vec<Record> {
         .collect()
 }
 
+/// Loads the component, read from the store once however many attempts want it at once
+/// (`Sandbox::load_with`).
 pub(crate) async fn ensure_loaded(app: &App, digest: &str) -> Result<(), RunError> {
-    if app.sandbox.is_loaded(digest) {
-        return Ok(());
-    }
     let host = |m: String| RunError::new(ErrorReason::Host, m);
-    let bytes = with_retries(|| app.store.component(digest))
-        .await
-        .map_err(|e| host(format!("cannot read component {digest}: {e}")))?
-        .ok_or_else(|| host(format!("component {digest} is missing from the store")))?;
+    let fetch = || async {
+        with_retries(|| app.store.component(digest))
+            .await
+            .map_err(|e| host(format!("cannot read component {digest}: {e}")))?
+            .ok_or_else(|| host(format!("component {digest} is missing from the store")))
+    };
     app.sandbox
-        .load(digest, &bytes)
+        .load_with(digest, fetch)
         .await
-        .map_err(|e| host(format!("cannot load component {digest}: {e}")))
+        .map_err(|e| match e {
+            wasq_sandbox::LoadError::Fetch(e) => e,
+            wasq_sandbox::LoadError::Load(e) => {
+                host(format!("cannot load component {digest}: {e}"))
+            }
+        })
 }
