@@ -499,7 +499,7 @@ impl Sandbox {
     /// Loads a component that passed [`Sandbox::validate`] (on this or another host):
     /// from the disk cache when possible, else by compiling `bytes`.
     pub async fn load(&self, digest: &str, bytes: &[u8]) -> Result<(), SandboxError> {
-        self.load_with(digest, || async { Ok::<_, SandboxError>(bytes.to_vec()) })
+        self.load_with(digest, || async { Ok::<_, SandboxError>(bytes) })
             .await
             .map_err(|e| match e {
                 LoadError::Fetch(e) | LoadError::Load(e) => e,
@@ -511,10 +511,11 @@ impl Sandbox {
     /// load. A worker's slots start together; each fetching the component itself read it
     /// once per slot from the store (50 times for a worker of 50, a Python component
     /// being tens of megabytes, through Redis's one thread) and hashed it as often.
-    pub async fn load_with<E, F, Fut>(&self, digest: &str, fetch: F) -> Result<(), LoadError<E>>
+    pub async fn load_with<B, E, F, Fut>(&self, digest: &str, fetch: F) -> Result<(), LoadError<E>>
     where
+        B: AsRef<[u8]>,
         F: FnOnce() -> Fut,
-        Fut: std::future::Future<Output = Result<Vec<u8>, E>>,
+        Fut: std::future::Future<Output = Result<B, E>>,
     {
         if self.is_loaded(digest) {
             return Ok(());
@@ -525,14 +526,15 @@ impl Sandbox {
             if self.is_loaded(digest) {
                 return Ok(());
             }
-            let bytes = fetch().await.map_err(LoadError::Fetch)?;
+            let fetched = fetch().await.map_err(LoadError::Fetch)?;
+            let bytes = fetched.as_ref();
             // The digest names the cache file: never let other bytes be cached under it.
-            if Self::digest(&bytes) != digest {
+            if Self::digest(bytes) != digest {
                 return Err(LoadError::Load(SandboxError::Compile(format!(
                     "the component bytes do not match digest {digest}"
                 ))));
             }
-            self.load_locked(digest, &bytes)
+            self.load_locked(digest, bytes)
                 .await
                 .map_err(LoadError::Load)
         }

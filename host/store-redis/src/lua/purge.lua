@@ -1,9 +1,12 @@
 local LIMIT = tonumber(ARGV[7])
 local n = 0
-local function delete(id)
+-- What the walk below reads of a candidate: what deciding needs (status, finished_at)
+-- and what `delete` does, in one HMGET.
+local FIELDS = { 'status', 'function', 'parent', 'idempotency_key', 'sbytes', 'lbytes',
+  'digest', 'sv', 'finished_at' }
+-- Deletes run `id`, whose FIELDS are `r`.
+local function delete(id, r)
   local rk = runkey(id)
-  local r = rcall('HMGET', rk, 'status', 'function', 'parent', 'idempotency_key', 'sbytes',
-    'lbytes', 'digest', 'sv')
   charge(nil, -(tonumber(r[5] or '0') + tonumber(r[6] or '0')))
   if r[7] or r[8] then
     local k = pin(r[7], r[8])
@@ -65,12 +68,12 @@ for _, e in ipairs({ { 'succeeded', ARGV[5] }, { 'skipped', ARGV[5] }, { 'failed
     for i = 1, #got, 2 do
       local id = got[i]
       SCAN = SCAN - 1
-      local r = rcall('HMGET', runkey(id), 'status', 'finished_at')
+      local r = rcall('HMGET', runkey(id), unpack(FIELDS))
       if r[1] ~= status then
         -- Not a run in this status (any more): an entry no run backs is dropped.
         rcall('ZREM', key, id)
-      elseif tonumber(r[2] or got[i + 1]) < before then
-        delete(id)
+      elseif tonumber(r[9] or got[i + 1]) < before then
+        delete(id, r)
         n = n + 1
       else
         cursor = '(' .. got[i + 1]
