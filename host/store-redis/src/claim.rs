@@ -345,14 +345,18 @@ impl RedisStore {
         // Expired leases: the first call answers which runs need a transition, the second
         // brings what core decided for each.
         let mut reaps: Option<Vec<(String, String, lifecycle::Transition)>> = None;
+        let worker_json = to_json(&req.worker)?;
+        // The time the claim that leased the runs ran at (their executions' start).
+        let mut claimed_at;
         let mut rest = loop {
             let mut args = Args::new()
                 .n(limit)
                 .n(req.lease_ms)
                 .s(&req.worker)
-                .b(to_json(&req.worker)?)
+                .b(worker_json.clone())
                 .s(if force { "1" } else { "0" });
             let now = self.now();
+            claimed_at = now;
             match &reaps {
                 None => args = args.s("").s(queues),
                 Some(list) => {
@@ -379,18 +383,21 @@ impl RedisStore {
         };
         self.published(tenant, &mut rest).await?;
         // Packed (`cmsgpack`, see mpack.rs), one array, flat (`append_run` in the
-        // scripts): per run its RUN_FIELDS values (an array), then a count and that many
-        // step entries, then a count and that many (name, output) pairs' values.
+        // scripts): per run its RUN_FIELDS values (an array), its lease's memo, then a
+        // count and that many step entries, then a count and that many (name, output)
+        // pairs' values.
         let packed = decode::bytes(rest.into_iter().next().unwrap_or(Value::Nil))?;
         let mut r = mpack::Reader::new(&packed, "claim reply");
         let mut left = r.array()?;
         let mut runs = Vec::new();
         let mut steps = Vec::new();
+        let mut memos = Vec::new();
         while left > 0 {
             runs.push(
                 decode::RunFields::unpack(&mut r)?
                     .ok_or_else(|| corrupt("claimed a missing run"))?,
             );
+            memos.push(r.opt_bytes()?.unwrap_or(attempt::PLAIN_MEMO));
             let n = r.count()?;
             let order = (0..n).map(|_| r.string()).collect::<Result<Vec<_>, _>>()?;
             let m = r.count()?;
@@ -402,14 +409,18 @@ impl RedisStore {
                 .collect::<Result<decode::Hash, StoreError>>()?;
             steps.push(decode::replay_steps(order, outputs)?);
             left = left
-                .checked_sub(3 + n + m)
+                .checked_sub(4 + n + m)
                 .ok_or_else(|| corrupt("claim reply: a run longer than the reply"))?;
         }
         self.load_settings(tenant, &runs).await?;
         runs.into_iter()
             .zip(steps)
-            .map(|(fields, steps)| {
+            .zip(memos)
+            .map(|((fields, steps), memo)| {
                 let (run, lease) = fields.claimed(&self.inner.parsed)?;
+                self.inner
+                    .memos
+                    .keep(&lease, &run, memo, claimed_at, &worker_json);
                 Ok(Claimed { run, lease, steps })
             })
             .collect()

@@ -187,6 +187,10 @@ pub struct StoreOptions {
     pub op_timeout: Duration,
     /// How long to wait for a TCP connection.
     pub connect_timeout: Duration,
+    /// Whether a claim's reading of a run spares its end the same reads (see
+    /// `attempt::Memos`); on by default. Off, every end reads its run whole, as an end
+    /// of a lease another process claimed does: the conformance suite runs both ways.
+    pub lease_memos: bool,
 }
 
 impl Default for StoreOptions {
@@ -195,6 +199,7 @@ impl Default for StoreOptions {
             namespace: "wasq".into(),
             op_timeout: Duration::from_millis(1500),
             connect_timeout: Duration::from_secs(1),
+            lease_memos: true,
         }
     }
 }
@@ -244,6 +249,9 @@ struct Inner {
     parsed: decode::SettingsCache,
     /// Sends concurrent enqueues together (`coalesce.rs`); started by the first.
     coalescer: std::sync::OnceLock<coalesce::Coalescer>,
+    /// What this process's claims read of each run they leased, for the lease's end (see
+    /// `attempt::Memos`).
+    memos: attempt::Memos,
 }
 
 /// A function's settings as stored, and parsed.
@@ -503,6 +511,7 @@ impl RedisStore {
                 settings: Default::default(),
                 parsed: Default::default(),
                 coalescer: Default::default(),
+                memos: attempt::Memos::new(opts.lease_memos),
             }),
         };
         let _: String = store.query(&redis::cmd("PING")).await?;

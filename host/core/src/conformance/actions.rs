@@ -237,6 +237,29 @@ pub(super) async fn cancel(store: impl Store, clock: ManualClock) {
         .unwrap();
     assert_eq!(r.status, RunStatus::Cancelled, "not retried");
     assert!(r.finished_at.is_some());
+
+    // A run that succeeds before it stops succeeds: the cancel's reason, stored with the
+    // request, goes.
+    let finishing = enqueue(&store, "f", "4").await;
+    let c = claim(&store, "w", 1).await.remove(0);
+    assert_eq!(c.run.id, finishing.id);
+    let r = store
+        .cancel(RunAction::cancel(DEFAULT_TENANT, &finishing.id, "key:test"))
+        .await
+        .unwrap();
+    assert!(r.error.is_some(), "the request is stored with its reason");
+    let r = store
+        .finish(
+            &c.lease,
+            Outcome::Succeeded {
+                output: b"4".to_vec(),
+                fuel_used: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!((r.status, r.error), (RunStatus::Succeeded, None));
+    assert_eq!(r.output.as_deref(), Some(&b"4"[..]));
 }
 
 pub(super) async fn manual_retry(store: impl Store, clock: ManualClock) {

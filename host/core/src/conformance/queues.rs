@@ -91,8 +91,12 @@ pub(super) async fn named_queues(store: impl Store, clock: ManualClock) {
         ]
     );
 
-    // A run retried after a failure waits in its queue again.
-    let retried = &critical[0];
+    // A run retried after a failure waits in its queue again: the end moves it from the
+    // queue's running runs to its queued ones.
+    let retried = critical
+        .iter()
+        .find(|c| c.lease.tenant == DEFAULT_TENANT)
+        .expect("a critical run of the default tenant");
     store
         .finish(
             &retried.lease,
@@ -104,9 +108,36 @@ pub(super) async fn named_queues(store: impl Store, clock: ManualClock) {
         )
         .await
         .unwrap();
+    assert_eq!(
+        depths(&store, DEFAULT_TENANT).await,
+        vec![
+            ("critical".into(), 1, 1),
+            ("default".into(), 2, 1),
+            ("low".into(), 0, 2)
+        ]
+    );
     assert_eq!(claim_from(&store, &["default", "low"], 10).await.len(), 2);
     let again = claim_from(&store, &["critical"], 10).await;
     assert_eq!(ids(&again), std::slice::from_ref(&retried.run.id));
+    // An end that succeeds leaves the queue's running runs.
+    store
+        .finish(
+            &again[0].lease,
+            Outcome::Succeeded {
+                output: b"1".to_vec(),
+                fuel_used: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        depths(&store, DEFAULT_TENANT).await,
+        vec![
+            ("critical".into(), 0, 1),
+            ("default".into(), 0, 3),
+            ("low".into(), 0, 2)
+        ]
+    );
 
     // A delayed run becomes due while only other queues are claimed: it waits for its own.
     let later = clock.now_ms() + 5_000;

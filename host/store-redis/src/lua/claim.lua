@@ -198,7 +198,19 @@ while claimed < room and parks > 0 do
     fields[RUN_AT.status], fields[RUN_AT.updated_at], fields[RUN_AT.attempt] = 'running', NOWS, att
     fields[RUN_AT.lease_expires_at], fields[RUN_AT.lease_token] = EXPIRES, token
     fields[RUN_AT.sbytes] = sbytes
-    append_run(out, id, r.nosteps == '1', fields)
+    -- What the end of this lease needs of the run that no one but its holder changes
+    -- while it holds it and the reply does not carry, read here already: the store hands
+    -- it back with the end, with the creation time and the open execution it knows (see
+    -- `lease_memo` in finish.lua), and the end reads five fields where it read thirteen.
+    -- Nearly always `||0|||`, which the store knows: false then (a string made per run
+    -- costs its concatenation and, with the larger reply, more of Lua's collector).
+    local memo = false
+    if cgate or r.qu or resumed ~= '0' or r.error or r.output or r.resolution then
+      memo = (cgate or '') .. '|' .. (r.qu or '') .. '|' .. resumed .. '|'
+        .. (r.error and #r.error or '') .. '|' .. (r.output and #r.output or '') .. '|'
+        .. (r.resolution and #r.resolution or '')
+    end
+    append_run(out, id, r.nosteps == '1', fields, memo)
     claimed = claimed + 1
     -- The index writes of the runs claimed after the second go out together after the
     -- loop (zdefer): a claim that finds one or two runs (a worker that keeps up) pays

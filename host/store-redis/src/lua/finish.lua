@@ -11,9 +11,9 @@ if ZB then ENDED = {} end
 -- The arguments of the end at ARGV[o] (see FINISH in scripts.rs): its records, its
 -- transitions, its wait; and where the next end starts.
 local function parse(o)
-  local e = { id = ARGV[o], token = ARGV[o + 1], recs = {} }
-  local nrec = tonumber(ARGV[o + 2])
-  o = o + 3
+  local e = { id = ARGV[o], token = ARGV[o + 1], memo = ARGV[o + 2], recs = {} }
+  local nrec = tonumber(ARGV[o + 3])
+  o = o + 4
   for i = 1, nrec do
     local kind = ARGV[o]
     if kind == 'step' then
@@ -76,35 +76,65 @@ local function adding(e, t, nosteps)
   return any and n
 end
 
-local function finish(e)
-  local id = e.id
-  local rk = runkey(id)
-  -- MOVE_FIELDS first (handed to the one move of this run below), then the lease and the
-  -- flags that pick the transition, then the blobs the transition sets or drops (their
-  -- lengths spare `apply` an HSTRLEN each; they are nearly always absent). A running run
-  -- waits for nothing and is parked nowhere (its claim dropped `parked`), so three of
-  -- MOVE_FIELDS are not read: each field an HMGET asks for costs about 2k instructions,
-  -- a scan of the whole packed hash when it is absent.
+-- A lease's memo (claim.lua): the run's created_at, cgate, qu, resumed, the lengths of
+-- its error, output and resolution ('' for none), and its open execution as its attempts
+-- list holds it. No one but the lease's holder changes these while it holds the lease,
+-- but for the error a cancel stores with its request (`cancel_requested`): what the claim
+-- read is what the run has at the end.
+local MEMO = '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(([^|]*)|.*)$'
+local function len_of(s) if s == '' then return 0 end return tonumber(s) end
+local function absent(s) return s ~= '' and s end
+
+-- What an end reads of its run (the fence, what picks its transition, what the move and
+-- its charges need): MOVE_FIELDS' values (`pre`, handed to the one move of this run
+-- below), lease_token, resumed, cancel_requested, the blobs' lengths (`lens`, which spare
+-- `apply` an HSTRLEN each), nosteps, attempt, sbytes, and the open execution (nil: read
+-- it). Each field an HMGET asks for costs about 2k instructions, a scan of the whole
+-- packed hash when it is absent: with the lease's memo (an end from the process that
+-- claimed the run) it asks for the five that can change under a lease, else for all
+-- thirteen. A running run waits for nothing and is parked nowhere (its claim dropped
+-- `parked`), so three of MOVE_FIELDS are never read.
+local function lease_memo(e, rk)
+  if e.memo ~= '' then
+    local created, cgate, qu, resumed, elen, olen, rlen, open, att = string.match(e.memo, MEMO)
+    if open then
+      local h = rcall('HMGET', rk, 'status', 'lease_token', 'cancel_requested', 'nosteps',
+        'sbytes')
+      local el = len_of(elen)
+      if h[3] == '1' then el = rcall('HSTRLEN', rk, 'error') end
+      return { h[1], created, false, false, absent(cgate), false, absent(qu) }, h[2], resumed,
+        h[3], { error = el, output = len_of(olen), resolution = len_of(rlen),
+        finished_at = 0 }, h[4], att, h[5], open
+    end
+  end
   local h = rcall('HMGET', rk, 'status', 'created_at', 'cgate', 'qu', 'lease_token',
     'resumed', 'cancel_requested', 'error', 'output', 'resolution', 'nosteps', 'attempt',
     'sbytes')
-  local m = { h[1], h[2], false, false, h[3], false, h[4], h[5], h[6], h[7], h[8], h[9],
-    h[10], h[11], h[12] }
-  if not m[1] then return { 'not_found' } end
-  if m[1] ~= 'running' or m[8] ~= e.token then return { 'lease_lost' } end
+  -- A running run has no finish time (see `apply`).
+  return { h[1], h[2], false, false, h[3], false, h[4] }, h[5], h[6], h[7],
+    { error = h[8] and #h[8] or 0, output = h[9] and #h[9] or 0,
+      resolution = h[10] and #h[10] or 0, finished_at = 0 }, h[11], h[12], h[13], nil
+end
+
+local function finish(e)
+  local id = e.id
+  local rk = runkey(id)
+  local pre, token, resumed, cancel, lens, nosteps, attempt, sbytes, open = lease_memo(e, rk)
+  if not pre[1] then return { 'not_found' } end
+  if pre[1] ~= 'running' or token ~= e.token then return { 'lease_lost' } end
   local t = read_transition(e.t)
-  if m[10] == '1' and e.cancel then
+  if cancel == '1' and e.cancel then
     t = read_transition(e.cancel)
-  elseif m[9] == '1' and e.resumed then
+  elseif resumed == '1' and e.resumed then
     t = read_transition(e.resumed)
   end
   -- Steps and an output over a storage quota are refused before anything changes; the
   -- worker then fails the run (an error is always stored). An output is kept twice, as
   -- the run's output and in the resolution its waiters receive. (The run's bytes come
   -- with the HMGET: a field it asks for costs less than an HGET of its own.)
-  local n = adding(e, t, m[14] == '1')
+  local n = adding(e, t, nosteps == '1')
   if n then
-    local full = run_full(id, tonumber(h[13] or '0') + pending(id, 'sbytes'), n)
+    local full = run_full(id, tonumber(sbytes or '0') + pending(id, 'sbytes'), n)
     if full then return full end
   end
   -- The run's first step written here (`adding` found it) leaves its `nosteps` to be
@@ -114,7 +144,7 @@ local function finish(e)
     if r.kind == 'step' then
       append_logs(id, r.first, r.mrun, r.mten, r.last)
       if not r.old then
-        write_step(id, r.field, r.out, m[15], r.first_step, true)
+        write_step(id, r.field, r.out, attempt, r.first_step, true)
         if r.first_step then extra = { 'nosteps', '0' } end
       end
     elseif r.kind == 'logs' then
@@ -131,10 +161,7 @@ local function finish(e)
     extra[n + 1], extra[n + 2] = 'wait', ARGV[e.wait]
     extra[n + 3], extra[n + 4] = 'wait_step', ARGV[e.wait + 1]
   end
-  -- A running run has no finish time (see `apply`).
-  local lens = { error = m[11] and #m[11] or 0, output = m[12] and #m[12] or 0,
-    resolution = m[13] and #m[13] or 0, finished_at = 0 }
-  if apply(id, t, m, extra, lens, tonumber(h[13] or '0')) then wake = wake + 1 end
+  if apply(id, t, pre, extra, lens, tonumber(sbytes or '0'), open) then wake = wake + 1 end
   local status = t.status
   if status == 'waiting' then
     local W = e.wait

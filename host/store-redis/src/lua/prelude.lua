@@ -533,7 +533,8 @@ local function run_hash(id)
 end
 
 -- Appends a claimed run and its steps to the claim's reply `out`: `fields` (its
--- run_fields as the claim has them, one table), then the count and entries of its step
+-- run_fields as the claim has them, one table), its lease's `memo` (a string the store
+-- hands back with the end: see finish.lua), then the count and entries of its step
 -- order, then of its inlined outputs (name, output pairs), flat; the claim packs `out`
 -- (cmsgpack) into its reply. (Flat from when the reply went out as RESP, which probed
 -- every table for seven special fields, ~3k instructions each; `fields` stays a table:
@@ -541,9 +542,9 @@ end
 -- `nosteps`: the run's `nosteps` flag (set at creation, cleared by its first step), so a
 -- run without steps costs no reads of its step keys. Step outputs come along while they
 -- fit in INLINE bytes; the rest by reference.
-local function append_run(out, id, nosteps, fields)
-  local n = #out + 1
-  out[n] = fields
+local function append_run(out, id, nosteps, fields, memo)
+  local n = #out + 2
+  out[n - 1], out[n] = fields, memo
   if nosteps then
     out[n + 1], out[n + 2] = 0, 0
     return
@@ -808,16 +809,19 @@ local function lease_holder(id)
   return ''
 end
 
--- Ends the run's latest execution (the last element of its attempts list).
-local function close_attempt(id, err, fuel, suspended)
+-- Ends the run's latest execution (the last element of its attempts list). `open`: that
+-- element as the caller knows it (a lease's memo), nil to read it.
+local function close_attempt(id, err, fuel, suspended, open)
   local ak = P .. 'att:' .. id
-  local last = rcall('LINDEX', ak, '-1')
-  if last then
+  local last = open
+  if not last then
+    last = rcall('LINDEX', ak, '-1')
+    if not last then return end
     last = string.match(last, '^[^\n]*')
-    rcall('LSET', ak, '-1', last .. '\n' .. NOWS .. '|' .. fuel .. '|' .. suspended .. '|' .. err)
-    -- Never refused: a run over its quota must still be able to fail.
-    charge(id, #err)
   end
+  rcall('LSET', ak, '-1', last .. '\n' .. NOWS .. '|' .. fuel .. '|' .. suspended .. '|' .. err)
+  -- Never refused: a run over its quota must still be able to fail.
+  charge(id, #err)
 end
 
 -- What a new step costs: its field twice (the hash and the order list) and its output;
@@ -950,12 +954,12 @@ end
 -- when it may be there: `lens` (the caller read the run) says which blobs are not, and
 -- `lens.finished_at` = 0 that the run has no finish time (a running run: only terminal
 -- runs have one, as every transition out of those drops it) — so an end that succeeds
--- deletes nothing.
+-- deletes nothing. `open`: the run's open execution, when the caller knows it.
 local function may_have(lens, f) return not (lens and lens[f] == 0) end
-local function apply(id, t, pre, extra, lens, sbase)
+local function apply(id, t, pre, extra, lens, sbase, open)
   local rk = runkey(id)
   if t.exec == 'close' then
-    close_attempt(id, t.eerr, t.efuel, t.esusp)
+    close_attempt(id, t.eerr, t.efuel, t.esusp, open)
   elseif t.exec == 'drop' then
     local att = rcall('RPOP', P .. 'att:' .. id)
     if att then
