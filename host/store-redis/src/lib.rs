@@ -109,8 +109,8 @@
 //! | `P run:<id>` | hash | function, sv (the settings version it pins, which names its component; runs of versions from before that also hold the digest, runs from before versions hold `settings` JSON and the digest instead), retry (override JSON), max_attempts (with manual-retry grants), status, input (when at most 64 bytes; up to 8 × 64 bytes in pieces `in1`..`in8`, last), output, error JSON, attempt, trigger, progress JSON, created_at, updated_at, due_at, finished_at, idempotency_key, parent, trace (the W3C traceparent of what created it), wait JSON, priority, keys JSON; bookkeeping: lease_token (the fence; a lease's expiry is its score in `leases`, its worker in the open execution in `att:`; runs an older wasq leased also hold lease_expires_at and worker), cancel_requested, resumed, nosteps (`1` at creation, deleted or set to `0` by the first step: a claim skips the step keys while it is `1`), wait_step, wait_event, wait_ver, wait_run, resolution (what waiters on it receive once it ended); flow: rank_offset, cgate + climit, tgate + tlimit + tperiod, dgate, parked (the gate it waits on); qu (its queue, absent for `default`); up (the hash is no longer packed: see `UNPACK_COST`). The id and tenant are the key's (runs written before also kept them here); attempt, lease_token, resumed, cancel_requested, rank_offset and priority are absent while `0`, trigger while `api`, updated_at until the first transition (it is created_at until then) |
 //! | `P in:<id>` | string | the run's input when it is over 8 × 64 bytes (runs written before the pieces: over 64), so that the hash stays packed |
 //! | `P att:<id>` | list | executions: `number\|started_at\|worker JSON`, then `\n finished_at\|fuel\|suspended_until\|error JSON` once ended |
-//! | `P steps:<id>` | hash | `occurrence:name` → step output (first write wins) |
-//! | `P stepseq:<id>` | list | `attempt\|completed_at\|occurrence:name`, in completion order |
+//! | `P steps:<id>` | hash | `occurrence:name` → step output (first write wins); `#` → the first step's order entry (below): a run of one step has this key alone for its steps |
+//! | `P stepseq:<id>` | list | `attempt\|completed_at\|occurrence:name`, in completion order, of the steps after the first (made by the second; runs whose first step an older wasq stored have it here too, and no `#`) |
 //! | `P logs:<id>` | list | log lines (JSON) |
 //! | `P ready` | zset | queued and sleeping runs not yet due, by due time |
 //! | `P dlv:<id>` | hash | a webhook delivery: run, url, event, payload, status, tries, next_at, token, last_error, created_at, updated_at |
@@ -287,8 +287,9 @@ const COLLECT_MIN_IDLE: Duration = Duration::from_secs(3600);
 ///   (measured again: a tiny ended run counted 946 B for 932 actual, the mixed workload of
 ///   `storage_usage.rs` +0.7%);
 /// - `attempt`: one entry of `att:` besides the worker name and error it holds;
-/// - `step`: the field in `steps:` and the entry in `stepseq:` (~30 bytes while the hash
-///   is packed, ~75 once a step output over 64 bytes or the 129th step unpacks it);
+/// - `step`: the field in `steps:` and its order entry (in `stepseq:`, or for a run's
+///   first step in `steps:` as `#`; ~30 bytes while the hash is packed, ~75 once a step
+///   output over 64 bytes or the 129th step unpacks it);
 /// - `log_line`: a list entry (the line is charged at its JSON length);
 /// - `event`: the id's entries in `events` and `evz` (~230 bytes with a 36-byte id);
 /// - `function`: its `fn:` hash (settings included), its entries in `fns` and `sub:`, and
@@ -302,8 +303,8 @@ pub(crate) const COST: CostModel = CostModel {
     function: 1_100,
 };
 /// A run's own key (its `logs:`, `steps:` or `stepseq:`: the key's entry, name and an
-/// empty list or hash), charged when the run's first line or step creates it, besides
-/// the key name's prefix.
+/// empty list or hash), charged when the run's first line, first step or second step
+/// creates it, besides the key name's prefix.
 pub(crate) const KEY_COST: u64 = 135;
 /// A member kept in every tenant's `leases` (score `+inf`) so that Redis never packs it:
 /// a zset stays a listpack while it holds at most 128 members of at most 64 bytes

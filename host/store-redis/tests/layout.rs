@@ -614,3 +614,105 @@ async fn quotas_live_in_the_tenants_meta_and_older_ones_move_there() {
     assert_eq!(server.cli(&["HGET", &meta, "qm"]).trim(), "1");
     assert_eq!(server.cli(&["HEXISTS", &meta, "max_queued"]).trim(), "0");
 }
+
+fn step(name: &str, occurrence: u32) -> Record {
+    Record::Step {
+        name: name.into(),
+        occurrence,
+        output: name.as_bytes().to_vec(),
+        logs: vec![],
+    }
+}
+
+/// Each step's name and occurrence, as the run's detail lists them and as a claim that
+/// resumes the run replays them.
+async fn step_names(store: &RedisStore, id: &str) -> (Vec<(String, u32)>, Vec<(String, u32)>) {
+    let d = store.run("t", id).await.unwrap().expect("the run");
+    assert_eq!(d.steps_total, d.steps.len() as u64);
+    let listed = d
+        .steps
+        .iter()
+        .map(|s| (s.name.clone(), s.occurrence))
+        .collect();
+    let claimed = claim(store).await;
+    let replayed = claimed[0]
+        .steps
+        .iter()
+        .map(|s| (s.name.clone(), s.occurrence))
+        .collect();
+    (listed, replayed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runs_first_step_is_ordered_in_its_step_hash_and_older_runs_in_their_list() {
+    let server = RedisServer::start(RedisOptions::default());
+    let store = store(&server.url()).await;
+    deploy(&store).await;
+    let p = store.tenant_prefix("t");
+    let fresh = enqueue(&store, b"1").await;
+    let c = claim(&store).await.remove(0);
+    store.record(&c.lease, step("a", 0)).await.unwrap();
+    // One step: one key of the run's own for it, its order entry in the step hash.
+    assert_eq!(
+        server
+            .cli(&["EXISTS", &format!("{p}stepseq:{}", fresh.id)])
+            .trim(),
+        "0"
+    );
+    assert_eq!(
+        server
+            .cli(&["OBJECT", "ENCODING", &format!("{p}steps:{}", fresh.id)])
+            .trim(),
+        "listpack"
+    );
+    store.record(&c.lease, step("b", 0)).await.unwrap();
+    store.record(&c.lease, step("a", 1)).await.unwrap();
+    assert_eq!(
+        server
+            .cli(&["LLEN", &format!("{p}stepseq:{}", fresh.id)])
+            .trim(),
+        "2",
+        "later steps are ordered in the list"
+    );
+    store
+        .end_attempt(
+            &c.lease,
+            Outcome::Suspended {
+                until: 0,
+                fuel_used: None,
+            },
+        )
+        .await
+        .unwrap();
+    let order = vec![("a".into(), 0), ("b".into(), 0), ("a".into(), 1)];
+    assert_eq!(step_names(&store, &fresh.id).await, (order.clone(), order));
+
+    // A run whose first step an older wasq stored: its order entries all in the list.
+    let older = enqueue(&store, b"2").await;
+    let c = claim(&store).await.remove(0);
+    store.record(&c.lease, step("x", 0)).await.unwrap();
+    let (steps, seq) = (
+        format!("{p}steps:{}", older.id),
+        format!("{p}stepseq:{}", older.id),
+    );
+    let first = server.cli(&["HGET", &steps, "#"]);
+    server.cli(&["HDEL", &steps, "#"]);
+    server.cli(&["RPUSH", &seq, first.trim()]);
+    store.record(&c.lease, step("y", 0)).await.unwrap();
+    store
+        .end_attempt(
+            &c.lease,
+            Outcome::Suspended {
+                until: 0,
+                fuel_used: None,
+            },
+        )
+        .await
+        .unwrap();
+    let order = vec![("x".into(), 0), ("y".into(), 0)];
+    assert_eq!(step_names(&store, &older.id).await, (order.clone(), order));
+    assert_eq!(
+        store.steps("t", &older.id, 1, 5).await.unwrap()[0].name,
+        "y"
+    );
+}

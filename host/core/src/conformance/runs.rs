@@ -415,12 +415,11 @@ pub(super) async fn steps_replay(store: impl Store, clock: ManualClock) {
     );
     clock.advance(LEASE as i64);
     let again = claim(&store, "w2", 1).await.remove(0);
-    let mut steps: Vec<_> = again
+    let steps: Vec<_> = again
         .steps
         .iter()
         .map(|s| (s.name.as_str(), s.occurrence, s.output.as_deref()))
         .collect();
-    steps.sort();
     assert_eq!(
         steps,
         [
@@ -428,10 +427,25 @@ pub(super) async fn steps_replay(store: impl Store, clock: ManualClock) {
             ("a", 1, Some(&b"2"[..])),
             ("b", 0, Some(&b"3"[..])),
             ("c", 0, Some(&b"4"[..]))
-        ]
+        ],
+        "replayed in completion order"
     );
     let d = detail(&store, &run.id).await;
     assert_eq!(d.steps.len(), 4);
+    let names = |steps: &[StepInfo]| -> Vec<(String, u32)> {
+        steps
+            .iter()
+            .map(|s| (s.name.clone(), s.occurrence))
+            .collect()
+    };
+    let all = [("a", 0), ("a", 1), ("b", 0), ("c", 0)].map(|(n, o)| (n.to_owned(), o));
+    assert_eq!(names(&d.steps), all);
+    // Pages of the order, from its start and from within it.
+    for (from, n) in [(0, 1), (0, 0), (1, 2), (3, 5), (4, 1)] {
+        let page = store.steps(DEFAULT_TENANT, &run.id, from, n).await.unwrap();
+        let want = &all[from.min(4)..(from + n).min(4)];
+        assert_eq!(names(&page), want, "from {from}, {n} steps");
+    }
     assert_eq!(d.steps_total, 4);
     assert!(
         d.steps

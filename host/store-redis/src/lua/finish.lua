@@ -68,7 +68,7 @@ local function adding(e, t, nosteps)
         seen[r.field] = true
         any = true
         -- The run's first step creates its step keys.
-        n = n + step_cost(e.id, r.field, r.out, nosteps)
+        n = n + step_cost(e.id, r.field, r.out, nosteps, true)
         r.first_step, nosteps = nosteps, false
       end
     end

@@ -13,7 +13,7 @@ if kind == 'step' then
   local field, output = ARGV[8], ARGV[9]
   -- A step stored already (a replayed record) adds nothing; a new one must fit.
   if rcall('HEXISTS', P .. 'steps:' .. id, field) == 0 then
-    local full = run_full(id, nil, step_cost(id, field, output))
+    local full = run_full(id, nil, step_cost(id, field, output, nil, true))
     if full then return full end
   end
   append_logs(id, 13, ARGV[10], ARGV[11])
