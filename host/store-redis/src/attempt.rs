@@ -5,8 +5,9 @@ use super::*;
 
 /// What this process's claims read of the runs they leased that no one but the lease's
 /// holder changes while it holds it: the run's creation time, its concurrency gate, queue,
-/// whether it resumed, the lengths of its error, output and resolution, and its open
-/// execution as its attempts list holds it. Handed back to the finish script with the
+/// whether it resumed, the lengths of its error (but for a cancel's, which the end reads
+/// again), output and resolution, and its open execution as its attempts list holds it.
+/// Handed back to the finish script with the
 /// lease's end (`lease_memo` in finish.lua), which then reads five of the run's fields
 /// where it read thirteen (each field of an HMGET about 2k Redis instructions, a scan of
 /// the packed hash when absent) and no execution. A lease ended without its memo —
@@ -34,9 +35,10 @@ impl Memos {
     }
 
     /// Keeps the memo of `lease` on `run`: `gates` as the claim script made it (gate,
-    /// queue, resumed and the blobs' lengths), with what the store knows itself — the
-    /// run's creation time, and its open execution, which the script pushed as
-    /// `attempt|claimed_at|worker JSON` (the time and the JSON are the claim's arguments).
+    /// queue, resumed and the blobs' lengths; '' for none), with what the store knows
+    /// itself — the run's creation time, and its open execution, which the script pushed
+    /// as `attempt|claimed_at|worker JSON` (the time and the JSON are the claim's
+    /// arguments).
     pub(crate) fn keep(
         &self,
         lease: &Lease,
@@ -45,7 +47,8 @@ impl Memos {
         claimed_at: i64,
         worker_json: &[u8],
     ) {
-        if !self.on {
+        // '' from the script: no memo for this run (see claim.lua).
+        if !self.on || gates.is_empty() {
             return;
         }
         let mut memo = format!("{}|", run.created_at).into_bytes();

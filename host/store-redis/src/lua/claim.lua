@@ -203,12 +203,19 @@ while claimed < room and parks > 0 do
     -- it back with the end, with the creation time and the open execution it knows (see
     -- `lease_memo` in finish.lua), and the end reads five fields where it read thirteen.
     -- Nearly always `||0|||`, which the store knows: false then (a string made per run
-    -- costs its concatenation and, with the larger reply, more of Lua's collector).
+    -- costs its concatenation and, with the larger reply, more of Lua's collector). A gate
+    -- (the tenant's key text) or queue with a `|` in it would split the memo wrong: ''
+    -- then, no memo, and the end reads the run whole.
     local memo = false
     if cgate or r.qu or resumed ~= '0' or r.error or r.output or r.resolution then
-      memo = (cgate or '') .. '|' .. (r.qu or '') .. '|' .. resumed .. '|'
-        .. (r.error and #r.error or '') .. '|' .. (r.output and #r.output or '') .. '|'
-        .. (r.resolution and #r.resolution or '')
+      if (cgate and string.find(cgate, '|', 1, true))
+        or (r.qu and string.find(r.qu, '|', 1, true)) then
+        memo = ''
+      else
+        memo = (cgate or '') .. '|' .. (r.qu or '') .. '|' .. resumed .. '|'
+          .. (r.error and #r.error or '') .. '|' .. (r.output and #r.output or '') .. '|'
+          .. (r.resolution and #r.resolution or '')
+      end
     end
     append_run(out, id, r.nosteps == '1', fields, memo)
     claimed = claimed + 1
