@@ -624,6 +624,15 @@ fn step(name: &str, occurrence: u32) -> Record {
     }
 }
 
+/// Ends the attempt as suspended until now: the run is claimable again at once.
+async fn suspend(store: &RedisStore, lease: &Lease) {
+    let until_now = Outcome::Suspended {
+        until: 0,
+        fuel_used: None,
+    };
+    store.end_attempt(lease, until_now).await.unwrap();
+}
+
 /// Each step's name and occurrence, as the run's detail lists them and as a claim that
 /// resumes the run replays them.
 async fn step_names(store: &RedisStore, id: &str) -> (Vec<(String, u32)>, Vec<(String, u32)>) {
@@ -674,16 +683,7 @@ async fn a_runs_first_step_is_ordered_in_its_step_hash_and_older_runs_in_their_l
         "2",
         "later steps are ordered in the list"
     );
-    store
-        .end_attempt(
-            &c.lease,
-            Outcome::Suspended {
-                until: 0,
-                fuel_used: None,
-            },
-        )
-        .await
-        .unwrap();
+    suspend(&store, &c.lease).await;
     let order = vec![("a".into(), 0), ("b".into(), 0), ("a".into(), 1)];
     assert_eq!(step_names(&store, &fresh.id).await, (order.clone(), order));
 
@@ -699,16 +699,7 @@ async fn a_runs_first_step_is_ordered_in_its_step_hash_and_older_runs_in_their_l
     server.cli(&["HDEL", &steps, "#"]);
     server.cli(&["RPUSH", &seq, first.trim()]);
     store.record(&c.lease, step("y", 0)).await.unwrap();
-    store
-        .end_attempt(
-            &c.lease,
-            Outcome::Suspended {
-                until: 0,
-                fuel_used: None,
-            },
-        )
-        .await
-        .unwrap();
+    suspend(&store, &c.lease).await;
     let order = vec![("x".into(), 0), ("y".into(), 0)];
     assert_eq!(step_names(&store, &older.id).await, (order.clone(), order));
     assert_eq!(

@@ -30,14 +30,31 @@ fn functions(claimed: &[Claimed]) -> Vec<String> {
     claimed.iter().map(|c| c.run.function.clone()).collect()
 }
 
-async fn depths(store: &impl Store, tenant: &str) -> Vec<(String, u64, u64)> {
-    store
+/// Asserts the tenant's queue depths: (queue, queued, running) for each queue.
+async fn assert_depths(store: &impl Store, tenant: &str, want: &[(&str, u64, u64)]) {
+    let got: Vec<(String, u64, u64)> = store
         .queue_depths(tenant)
         .await
         .expect("queue depths")
         .into_iter()
         .map(|d| (d.queue, d.queued, d.running))
-        .collect()
+        .collect();
+    let want: Vec<(String, u64, u64)> = want
+        .iter()
+        .map(|&(q, queued, running)| (q.to_owned(), queued, running))
+        .collect();
+    assert_eq!(got, want, "queue depths of {tenant}");
+}
+
+/// Ends `lease` with `outcome`, then asserts the default tenant's queue depths.
+async fn end_then_depths(
+    store: &impl Store,
+    lease: &Lease,
+    outcome: Outcome,
+    want: &[(&str, u64, u64)],
+) {
+    store.finish(lease, outcome).await.unwrap();
+    assert_depths(store, DEFAULT_TENANT, want).await;
 }
 
 pub(super) async fn named_queues(store: impl Store, clock: ManualClock) {
@@ -63,14 +80,12 @@ pub(super) async fn named_queues(store: impl Store, clock: ManualClock) {
         .unwrap()
         .run;
     assert_eq!(theirs.settings.queue, "critical", "the run pins its queue");
-    assert_eq!(
-        depths(&store, DEFAULT_TENANT).await,
-        vec![
-            ("critical".into(), 2, 0),
-            ("default".into(), 3, 0),
-            ("low".into(), 2, 0)
-        ]
-    );
+    assert_depths(
+        &store,
+        DEFAULT_TENANT,
+        &[("critical", 2, 0), ("default", 3, 0), ("low", 2, 0)],
+    )
+    .await;
 
     // A claim naming one queue takes only its runs, of every tenant.
     let critical = claim_from(&store, &["critical"], 10).await;
@@ -82,14 +97,12 @@ pub(super) async fn named_queues(store: impl Store, clock: ManualClock) {
     // Queues in the order named: every startable run of the first before the second.
     let got = claim_from(&store, &["low", "default"], 3).await;
     assert_eq!(functions(&got), ["bulk", "bulk", "report"]);
-    assert_eq!(
-        depths(&store, DEFAULT_TENANT).await,
-        vec![
-            ("critical".into(), 0, 2),
-            ("default".into(), 2, 1),
-            ("low".into(), 0, 2)
-        ]
-    );
+    assert_depths(
+        &store,
+        DEFAULT_TENANT,
+        &[("critical", 0, 2), ("default", 2, 1), ("low", 0, 2)],
+    )
+    .await;
 
     // A run retried after a failure waits in its queue again: the end moves it from the
     // queue's running runs to its queued ones.
@@ -97,47 +110,23 @@ pub(super) async fn named_queues(store: impl Store, clock: ManualClock) {
         .iter()
         .find(|c| c.lease.tenant == DEFAULT_TENANT)
         .expect("a critical run of the default tenant");
-    store
-        .finish(
-            &retried.lease,
-            Outcome::Failed {
-                error: RunError::new(ErrorReason::Trap, "boom"),
-                retry_in_ms: Some(0),
-                fuel_used: None,
-            },
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        depths(&store, DEFAULT_TENANT).await,
-        vec![
-            ("critical".into(), 1, 1),
-            ("default".into(), 2, 1),
-            ("low".into(), 0, 2)
-        ]
-    );
+    let failed = Outcome::Failed {
+        error: RunError::new(ErrorReason::Trap, "boom"),
+        retry_in_ms: Some(0),
+        fuel_used: None,
+    };
+    let after = [("critical", 1, 1), ("default", 2, 1), ("low", 0, 2)];
+    end_then_depths(&store, &retried.lease, failed, &after).await;
     assert_eq!(claim_from(&store, &["default", "low"], 10).await.len(), 2);
     let again = claim_from(&store, &["critical"], 10).await;
     assert_eq!(ids(&again), std::slice::from_ref(&retried.run.id));
     // An end that succeeds leaves the queue's running runs.
-    store
-        .finish(
-            &again[0].lease,
-            Outcome::Succeeded {
-                output: b"1".to_vec(),
-                fuel_used: None,
-            },
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        depths(&store, DEFAULT_TENANT).await,
-        vec![
-            ("critical".into(), 0, 1),
-            ("default".into(), 0, 3),
-            ("low".into(), 0, 2)
-        ]
-    );
+    let done = Outcome::Succeeded {
+        output: b"1".to_vec(),
+        fuel_used: None,
+    };
+    let after = [("critical", 0, 1), ("default", 0, 3), ("low", 0, 2)];
+    end_then_depths(&store, &again[0].lease, done, &after).await;
 
     // A delayed run becomes due while only other queues are claimed: it waits for its own.
     let later = clock.now_ms() + 5_000;
@@ -159,10 +148,7 @@ pub(super) async fn named_queues(store: impl Store, clock: ManualClock) {
     let mut fs = functions(&all);
     fs.sort();
     assert_eq!(fs, ["email", "report"]);
-    assert_eq!(
-        depths(&store, "other").await,
-        vec![("critical".into(), 0, 1)]
-    );
+    assert_depths(&store, "other", &[("critical", 0, 1)]).await;
 }
 
 /// Without queues named, every queue is one: rank alone orders, across queues.
