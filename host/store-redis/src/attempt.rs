@@ -7,11 +7,11 @@ use super::*;
 /// holder changes while it holds it: the run's creation time, its concurrency gate, queue,
 /// whether it resumed, the lengths of its error (but for a cancel's, which the end reads
 /// again), output and resolution, and its open execution as its attempts list holds it.
-/// Handed back to the finish script with the
-/// lease's end (`lease_memo` in finish.lua), which then reads five of the run's fields
-/// where it read thirteen (each field of an HMGET about 2k Redis instructions, a scan of
-/// the packed hash when absent) and no execution. A lease ended without its memo —
-/// claimed by another process, or dropped here — is read whole, as before: a memo only
+/// Handed back to the finish script with the lease's end (`lease_memo` in finish.lua),
+/// which then reads five of the run's fields where it read thirteen (each field of an
+/// HMGET about 2k Redis instructions, a scan of the packed hash when absent) and no
+/// execution. A lease ended without its memo — claimed by another process, dropped here,
+/// or of a run whose gate or queue holds a `|` — is read whole, as before: a memo only
 /// spares reads.
 pub(crate) struct Memos {
     on: bool,

@@ -67,7 +67,7 @@ local function adding(e, t, nosteps)
       else
         seen[r.field] = true
         any = true
-        -- The run's first step creates its step keys.
+        -- The run's first step creates its step hash (see step_cost).
         n = n + step_cost(e.id, r.field, r.out, nosteps, true)
         r.first_step, nosteps = nosteps, false
       end

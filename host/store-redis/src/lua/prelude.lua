@@ -559,6 +559,15 @@ local function step_order(id, from, n)
   return out, off
 end
 
+-- The output sizes of run `id`'s step order entries `steps` (as step_order gives them).
+local function step_sizes(id, steps)
+  local sk, sizes = P .. 'steps:' .. id, {}
+  for i, e in ipairs(steps) do
+    sizes[i] = rcall('HSTRLEN', sk, string.match(e, '^[^|]*|[^|]*|(.*)$'))
+  end
+  return sizes
+end
+
 -- Appends a claimed run and its steps to the claim's reply `out`: `fields` (its
 -- run_fields as the claim has them, one table), its lease's `memo` (a string the store
 -- hands back with the end: see finish.lua), then the count and entries of its step
@@ -863,7 +872,6 @@ local function step_cost(id, field, output, first, room)
   if first or room then c = c + KEY end
   return c
 end
-
 
 -- Stores a step output; the first write wins. A caller that knows already that the step
 -- is not stored passes `first`: whether it is the run's first step (the run still has
