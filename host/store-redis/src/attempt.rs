@@ -18,6 +18,13 @@ pub(crate) struct Memos {
     kept: std::sync::Mutex<std::collections::HashMap<RunId, (u64, Vec<u8>)>>,
 }
 
+/// The claim that made a lease: its time (the execution's start) and the worker it named,
+/// as JSON (the claim script's arguments).
+pub(crate) struct ClaimedAs<'a> {
+    pub(crate) at: i64,
+    pub(crate) worker_json: &'a [u8],
+}
+
 /// The part of a memo the claim script leaves to the store (`false`) for a run without a
 /// gate or a queue, that did not resume and holds no error, output or resolution.
 pub(crate) const PLAIN_MEMO: &[u8] = b"||0|||";
@@ -39,21 +46,26 @@ impl Memos {
     /// itself — the run's creation time, and its open execution, which the script pushed
     /// as `attempt|claimed_at|worker JSON` (the time and the JSON are the claim's
     /// arguments).
-    pub(crate) fn keep(
+    pub(crate) fn keep(&self, lease: &Lease, run: &Run, gates: &[u8], claim: &ClaimedAs<'_>) {
+        self.keep_of(lease, run.created_at, run.attempt, gates, claim);
+    }
+
+    fn keep_of(
         &self,
         lease: &Lease,
-        run: &Run,
+        created_at: i64,
+        attempt: u32,
         gates: &[u8],
-        claimed_at: i64,
-        worker_json: &[u8],
+        claim: &ClaimedAs<'_>,
     ) {
         // '' from the script: no memo for this run (see claim.lua).
         if !self.on || gates.is_empty() {
             return;
         }
-        let mut memo = format!("{}|", run.created_at).into_bytes();
+        let mut memo = format!("{created_at}|").into_bytes();
         memo.extend_from_slice(gates);
-        memo.extend_from_slice(format!("|{}|{claimed_at}|", run.attempt).as_bytes());
+        memo.extend_from_slice(format!("|{attempt}|{}|", claim.at).as_bytes());
+        let worker_json = claim.worker_json;
         memo.extend_from_slice(worker_json);
         let mut m = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         if m.len() >= MEMOS_MAX {
@@ -415,5 +427,52 @@ fn record_args(args: Args, record: &Record) -> Result<Args, StoreError> {
         ),
         Record::Logs(l) => lines(args.s("logs"), l),
         Record::Progress(p) => Ok(args.s("progress").b(to_json(p)?)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(id: &str, token: u64) -> Lease {
+        Lease {
+            tenant: "t".into(),
+            run_id: id.into(),
+            token,
+            expires_at: 0,
+        }
+    }
+
+    const CLAIM: ClaimedAs<'static> = ClaimedAs {
+        at: 7,
+        worker_json: br#""w|1""#,
+    };
+
+    #[test]
+    fn a_memo_serves_its_own_lease_once_and_the_kept_ones_are_bounded() {
+        let memos = Memos::new(true);
+        memos.keep_of(&lease("a", 1), 5, 2, PLAIN_MEMO, &CLAIM);
+        assert_eq!(
+            memos.take(&lease("a", 1)),
+            br#"5|||0||||2|7|"w|1""#.to_vec()
+        );
+        assert!(memos.take(&lease("a", 1)).is_empty(), "taken once");
+        // Another lease of the run (taken over, claimed again) gets none.
+        memos.keep_of(&lease("a", 1), 5, 2, PLAIN_MEMO, &CLAIM);
+        assert!(memos.take(&lease("a", 2)).is_empty());
+        // The script's '' (a gate with a `|`), or memos off: nothing kept.
+        memos.keep_of(&lease("b", 1), 5, 2, b"", &CLAIM);
+        assert!(memos.take(&lease("b", 1)).is_empty());
+        let off = Memos::new(false);
+        off.keep_of(&lease("c", 1), 5, 2, PLAIN_MEMO, &CLAIM);
+        assert!(off.take(&lease("c", 1)).is_empty());
+        // Past MEMOS_MAX the kept ones all go, the new one stays.
+        for i in 0..MEMOS_MAX {
+            memos.keep_of(&lease(&i.to_string(), 1), 5, 2, PLAIN_MEMO, &CLAIM);
+        }
+        memos.keep_of(&lease("last", 1), 5, 2, PLAIN_MEMO, &CLAIM);
+        assert!(memos.take(&lease("0", 1)).is_empty());
+        assert!(!memos.take(&lease("last", 1)).is_empty());
+        assert_eq!(memos.kept.lock().unwrap().len(), 0);
     }
 }

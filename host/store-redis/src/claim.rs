@@ -418,9 +418,11 @@ impl RedisStore {
             .zip(memos)
             .map(|((fields, steps), memo)| {
                 let (run, lease) = fields.claimed(&self.inner.parsed)?;
-                self.inner
-                    .memos
-                    .keep(&lease, &run, memo, claimed_at, &worker_json);
+                let claim = attempt::ClaimedAs {
+                    at: claimed_at,
+                    worker_json: &worker_json,
+                };
+                self.inner.memos.keep(&lease, &run, memo, &claim);
                 Ok(Claimed { run, lease, steps })
             })
             .collect()
