@@ -22,6 +22,21 @@ pub async fn connect(url: &str, namespace: &str) -> crate::RedisStore {
     .expect("connect")
 }
 
+/// Claims up to `limit` due runs of any queue as worker "w", with leases of 30 s: the
+/// claim most store tests make.
+pub async fn claim(store: &crate::RedisStore, limit: usize) -> Vec<wasq_core::Claimed> {
+    use wasq_core::Queue;
+    store
+        .claim(wasq_core::ClaimRequest {
+            worker: "w".into(),
+            limit,
+            lease_ms: 30_000,
+            queues: Vec::new(),
+        })
+        .await
+        .expect("claim")
+}
+
 /// Deploys function `name` of `tenant` with default settings and a stand-in component
 /// (`digest-<name>`): what a store test needs to enqueue runs of it.
 pub async fn deploy(store: &crate::RedisStore, tenant: &str, name: &str) {

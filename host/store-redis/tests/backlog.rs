@@ -251,15 +251,7 @@ async fn a_queued_run_is_indexed_once_and_older_queued_runs_still_count() {
     // Claimed, each leaves its queued index (`qfn:`, or `st:queued` for the older ones,
     // already in `byfn:`) for `byfn:` and its lease (a running run's only status index),
     // and the count drops to none.
-    let claimed = store
-        .claim(ClaimRequest {
-            worker: "w".into(),
-            limit: 10,
-            lease_ms: 30_000,
-            queues: Vec::new(),
-        })
-        .await
-        .expect("claim");
+    let claimed = testing::claim(&store, 10).await;
     assert_eq!(claimed.len(), 7);
     assert_eq!(keys.nq(), Some(0));
     assert_eq!(keys.members("st:queued"), Vec::<String>::new());
@@ -449,15 +441,7 @@ async fn claim_tenants(
 ) -> (Vec<String>, u64) {
     let fcalls = || redis.calls("fcall");
     let before = fcalls();
-    let claimed = store
-        .claim(ClaimRequest {
-            worker: "w".into(),
-            limit,
-            lease_ms: 30_000,
-            queues: Vec::new(),
-        })
-        .await
-        .expect("claim");
+    let claimed = testing::claim(store, limit).await;
     let mut tenants: Vec<String> = claimed.into_iter().map(|c| c.lease.tenant).collect();
     tenants.sort();
     (tenants, fcalls() - before)

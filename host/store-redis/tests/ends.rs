@@ -100,15 +100,7 @@ async fn run_cases(url: &str, ns: &str, memos: bool) -> Vec<RunId> {
         clock.advance(1);
     }
     clock.advance(10);
-    let claimed = store
-        .claim(ClaimRequest {
-            worker: "w".into(),
-            limit: 10,
-            lease_ms: 30_000,
-            queues: Vec::new(),
-        })
-        .await
-        .expect("claim");
+    let claimed = testing::claim(&store, 10).await;
     assert_eq!(claimed.len(), CASES.len());
     clock.advance(10);
     let mut ends = Vec::new();

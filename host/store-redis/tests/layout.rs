@@ -65,15 +65,7 @@ async fn enqueue(store: &RedisStore, input: &[u8]) -> Run {
 
 /// Claims what is due, in id order.
 async fn claim(store: &RedisStore) -> Vec<Claimed> {
-    let mut claimed = store
-        .claim(ClaimRequest {
-            worker: "w".into(),
-            limit: 10,
-            lease_ms: 30_000,
-            queues: Vec::new(),
-        })
-        .await
-        .expect("claim");
+    let mut claimed = testing::claim(store, 10).await;
     claimed.sort_by(|a, b| a.run.id.cmp(&b.run.id));
     claimed
 }

@@ -8,6 +8,9 @@ local NENDS, ENDED = tonumber(ARGV[6]), nil
 zdefer(NENDS)
 if ZB then ENDED = {} end
 
+-- The cases a finish may send a transition of its own for (made once, not per end).
+local CASES = { 'resumed', 'cancel' }
+
 -- The arguments of the end at ARGV[o] (see FINISH in scripts.rs): its records, its
 -- transitions, its wait; and where the next end starts.
 local function parse(o)
@@ -36,17 +39,13 @@ local function parse(o)
   -- wait's arguments.
   e.t = o
   o = o + T_ARGS
-  if ARGV[o] == '1' then
-    e.resumed = o + 1
-    o = o + 1 + T_ARGS
-  else
-    o = o + 1
-  end
-  if ARGV[o] == '1' then
-    e.cancel = o + 1
-    o = o + 1 + T_ARGS
-  else
-    o = o + 1
+  for _, case in ipairs(CASES) do
+    if ARGV[o] == '1' then
+      e[case] = o + 1
+      o = o + 1 + T_ARGS
+    else
+      o = o + 1
+    end
   end
   if ARGV[o] == '1' then
     e.wait = o + 1
