@@ -200,7 +200,10 @@ fn state(server: &RedisServer, ns: &str, ids: &[RunId]) -> String {
     // The feed's entries without their stream ids (the server's clock).
     let feed = server.cli(&["XRANGE", &format!("{p}feed"), "-", "+"]);
     out.push_str("## feed\n");
-    let stream_id = |l: &str| l.contains('-') && l.chars().all(|c| c.is_ascii_digit() || c == '-');
+    let stream_id = |l: &str| {
+        // `<ms>-<seq>`: one dash, where a run id has four.
+        l.matches('-').count() == 1 && l.chars().all(|c| c.is_ascii_digit() || c == '-')
+    };
     for line in feed.lines().filter(|l| !stream_id(l)) {
         out.push_str(line);
         out.push('\n');
