@@ -65,8 +65,7 @@ impl Memos {
         let mut memo = format!("{created_at}|").into_bytes();
         memo.extend_from_slice(gates);
         memo.extend_from_slice(format!("|{attempt}|{}|", claim.at).as_bytes());
-        let worker_json = claim.worker_json;
-        memo.extend_from_slice(worker_json);
+        memo.extend_from_slice(claim.worker_json);
         let mut m = self.kept.lock().unwrap_or_else(|p| p.into_inner());
         if m.len() >= MEMOS_MAX {
             m.clear();

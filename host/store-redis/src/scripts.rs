@@ -327,9 +327,10 @@ pub(crate) static RENEW: TenantScript = tenant_script!("renew", writes);
 pub(crate) static RECORD: TenantScript = tenant_script!("record", writes);
 
 /// ARGV[5..]: what to answer ('run' or 'status'), how many ends, then each end: id,
-/// token, the lease's memo from its claim or '' (see `attempt::Memos`), how many records, each record ('step', field, output, the two cut markers (the
-/// run's log budget, the tenant's quota), how many log lines, the lines; 'logs', the two
-/// markers, how many lines, the lines; 'progress', progress JSON), then the transitions
+/// token, the lease's memo from its claim or '' (see `attempt::Memos`), how many
+/// records, each record ('step', field, output, the two cut markers (the run's log
+/// budget, the tenant's quota), how many log lines, the lines; 'logs', the two markers,
+/// how many lines, the lines; 'progress', progress JSON), then the transitions
 /// `wasq_core::lifecycle::finish` computed: the outcome's (T_ARGS), then for a run that
 /// resumed and for a run whose cancel was requested '0' when it is the same or '1' and
 /// that transition, then '0' or '1' and a wait: wait JSON, step field, until or '',

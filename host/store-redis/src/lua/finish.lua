@@ -122,8 +122,8 @@ end
 -- The common end, stored without the general path's machinery: a plain run (its memo
 -- says no gate, the default queue, no resume, no error, output or resolution yet) that
 -- succeeds, with at most its first step and no log lines, answered by status. It writes
--- what `finish` would (the same helpers charge, index and close the execution; the test
--- suite runs the Redis store with memos off too, which takes the general path), and
+-- what `finish` would (the same helpers store the step, close and count the execution,
+-- charge and index; tests/ends.rs holds the two paths to the same bytes), and
 -- skips what the general path spends on the cases it excludes: reading the transition
 -- into a table, the memo's nine captures, the lengths and fields tables, `move`'s
 -- branches. nil: not such an end (nothing read or written yet), or its cancel was
@@ -163,22 +163,15 @@ local function plain_end(e)
     local full = run_full(id, sbase + pending(id, 'sbytes'), n)
     if full then return full end
   end
+  -- The run's first step; its `nosteps` is set to '0' with the fields below.
   local fields, k = {}, 0
   if rec then
-    charge(id, step_cost(id, rec.field, rec.out, true))
-    rcall('HSET', P .. 'steps:' .. id, rec.field, rec.out, FIRST_STEP,
-      attempt .. '|' .. NOWS .. '|' .. rec.field)
+    write_step(id, rec.field, rec.out, attempt, true, true)
     fields[1], fields[2], k = 'nosteps', '0', 2
   end
-  -- The execution closes (`close_attempt`) and counts (`apply`).
-  local eerr = ARGV[T + 9]
-  rcall('LSET', P .. 'att:' .. id, '-1',
-    open .. '\n' .. NOWS .. '|' .. ARGV[T + 10] .. '|' .. ARGV[T + 11] .. '|' .. eerr)
-  charge(id, #eerr)
-  if ARGV[T + 13] == '1' then
-    UEXEC = UEXEC + 1
-    if ARGV[T + 14] ~= '' then UFUEL = UFUEL + tonumber(ARGV[T + 14]) end
-  end
+  -- The execution closes and counts, as `apply` has it.
+  close_attempt(id, ARGV[T + 9], ARGV[T + 10], ARGV[T + 11], open)
+  count_execution(ARGV[T + 13], ARGV[T + 14])
   -- The run holds no error, finish time or resolution to drop (its memo, and it runs).
   if hasout then fields[k + 1], fields[k + 2], k = 'output', out, k + 2 end
   if ARGV[T + 5] ~= '' then fields[k + 1], fields[k + 2], k = 'due_at', ARGV[T + 5], k + 2 end

@@ -1000,6 +1000,14 @@ end
 -- runs have one, as every transition out of those drops it) — so an end that succeeds
 -- deletes nothing. `open`: the run's open execution, when the caller knows it.
 local function may_have(lens, f) return not (lens and lens[f] == 0) end
+-- Counts an execution the transition says ended (`uexec` '1') in the tenant's usage, with
+-- its fuel ('' when unknown).
+local function count_execution(uexec, ufuel)
+  if uexec == '1' then
+    UEXEC = UEXEC + 1
+    if ufuel ~= '' then UFUEL = UFUEL + tonumber(ufuel) end
+  end
+end
 local function apply(id, t, pre, extra, lens, sbase, open)
   local rk = runkey(id)
   if t.exec == 'close' then
@@ -1011,10 +1019,7 @@ local function apply(id, t, pre, extra, lens, sbase, open)
       charge(id, -(C_ATT + #worker))
     end
   end
-  if t.uexec == '1' then
-    UEXEC = UEXEC + 1
-    if t.ufuel ~= '' then UFUEL = UFUEL + tonumber(t.ufuel) end
-  end
+  count_execution(t.uexec, t.ufuel)
   -- Without `lens` (a run not read first) the lease fields an older wasq kept in the hash
   -- go too.
   local fields, gone = extra or {}, {}
