@@ -157,15 +157,25 @@ impl RedisStore {
             .s(id)
             .s(&req.function)
             .b(req.input.clone())
-            .s(&req.trigger);
-        let args = per_run_args(args, req, now)?
-            .s(req.parent.as_deref().unwrap_or(""))
+            .s(&req.trigger)
             .s(&fs.version);
         let admission = if req.parent.is_none() {
             Admission::Run
         } else {
             Admission::Child
         };
+        let plain_request = req.due_at.is_none()
+            && req.idempotency_key.is_none()
+            && req.retry.is_none()
+            && req.trace.is_none()
+            && req.parent.is_none();
+        if plain_request && is_plain(plan) {
+            return Ok(args.s(PLAIN_RUN).n(admission.cap_factor()));
+        }
+        let args = per_run_args(args, req, now)?.s(req.parent.as_deref().unwrap_or(""));
+        if is_plain(plan) {
+            return Ok(args.s(PLAIN_FLOW).n(admission.cap_factor()));
+        }
         let debounced = self.debounced_run(&req.tenant, plan).await?;
         flow_args(args, plan, id, Some(admission), &debounced)
     }
@@ -450,6 +460,30 @@ impl Reply {
 
 fn not_found(req: &EnqueueRequest) -> StoreError {
     StoreError::NotFound(format!("function {:?}", req.function))
+}
+
+/// Stands for a plain run's whole flow in an ENQUEUE, followed by its cap factor: two
+/// arguments where the flow is FLOW_ARGS (`read_flow_at` in admission.lua). Redis hands a
+/// script its arguments as a Lua table built one string at a time, ~0.8k instructions
+/// each, and nearly every run is plain: 19 fewer cost an enqueue ~10% of its instructions.
+const PLAIN_FLOW: &str = "p";
+
+/// Stands in an ENQUEUE for a plain run's flow and for the request's due time,
+/// idempotency key, retry override, trace and parent, all unset; followed by its cap
+/// factor (enqueue.lua).
+const PLAIN_RUN: &str = "P";
+
+/// A run without flow control: no gate, no flow keys, the default rank. (Its flow
+/// arguments would be `0`, `0`, then empty ones; a plan with a debounce reads no
+/// debounce key either.)
+fn is_plain(plan: &FlowPlan) -> bool {
+    plan.priority == 0
+        && plan.rank_offset == 0
+        && plan.concurrency.is_none()
+        && plan.throttle.is_none()
+        && plan.rate_limit.is_none()
+        && plan.debounce.is_none()
+        && plan.keys.is_empty()
 }
 
 /// Appends the FLOW_ARGS flow arguments of run `id` (see `read_flow` in the scripts).

@@ -374,7 +374,7 @@ fn end_args(
     let fresh = lifecycle::finish(ending(false, false), outcome, now);
     let resumed = lifecycle::finish(ending(true, false), outcome, now);
     let cancelled = lifecycle::finish(ending(false, true), outcome, now);
-    let args = transition::args(args, Some(&fresh))?;
+    let args = transition::end_args(args, &fresh)?;
     let args = transition::alternative(args, (resumed != fresh).then_some(&resumed))?;
     let args = transition::alternative(args, (cancelled != fresh).then_some(&cancelled))?;
     let args = match outcome {
@@ -404,6 +404,11 @@ fn end_args(
 /// the progress JSON.
 fn record_args(args: Args, record: &Record) -> Result<Args, StoreError> {
     let lines = |args: Args, lines: &[LogLine]| -> Result<Args, StoreError> {
+        // No lines, no cut (`append_logs` stops before the markers): two empty arguments,
+        // where the markers cost the script ~0.4 KB of strings to receive.
+        if lines.is_empty() {
+            return Ok(args.s("").s("").n(0));
+        }
         // The lines that mark a cut log, ready for the script to store if it cuts here.
         let (attempt, at) = lines.first().map_or((0, 0), |l| (l.attempt, l.at));
         let mut args = cut_markers(args, attempt, at)?.n(lines.len());

@@ -295,10 +295,12 @@ pub(crate) static HINT: LazyLock<Script> = LazyLock::new(|| {
 /// JSON or '', then the event names.
 pub(crate) static DEPLOY: TenantScript = tenant_script!("deploy", writes);
 
-/// ARGV[5..]: n, then n × (id, function, input, trigger, due ('' = now), idempotency key
-/// or '', retry override JSON or '', its max_attempts, trace or '', parent or '', the
-/// version of the function's settings the flow arguments were computed from, FLOW_ARGS
-/// flow arguments). Each run admitted or refused on its own: `ok`, publish, then per run
+/// ARGV[5..]: n, then n × (id, function, input, trigger, the version of the function's
+/// settings the flow arguments were computed from, then 'P' and the cap factor for a run
+/// with none of what follows set, or due ('' = now), idempotency key or '', retry
+/// override JSON or '', its max_attempts, trace or '', parent or '', and FLOW_ARGS flow
+/// arguments or, for a plain run, 'p' and its cap factor (`read_flow_at`)). Each run
+/// admitted or refused on its own: `ok`, publish, then per run
 /// its answer's length and values (`ok`, created, its fields or false, `made` or false;
 /// or `not_found`, `stale`, `quota` or a `storage` reply).
 pub(crate) static ENQUEUE: TenantScript = tenant_script!("enqueue", writes);
@@ -329,9 +331,10 @@ pub(crate) static RECORD: TenantScript = tenant_script!("record", writes);
 /// ARGV[5..]: what to answer ('run' or 'status'), how many ends, then each end: id,
 /// token, the lease's memo from its claim or '' (see `attempt::Memos`), how many
 /// records, each record ('step', field, output, the two cut markers (the run's log
-/// budget, the tenant's quota), how many log lines, the lines; 'logs', the two markers,
-/// how many lines, the lines; 'progress', progress JSON), then the transitions
-/// `wasq_core::lifecycle::finish` computed: the outcome's (T_ARGS), then for a run that
+/// budget, the tenant's quota; '' when it has no lines), how many log lines, the lines;
+/// 'logs', the two markers, how many lines, the lines; 'progress', progress JSON), then
+/// the transitions `wasq_core::lifecycle::finish` computed: the outcome's (T_ARGS, or a
+/// success as 'S' and seven values: `transition::end_args`), then for a run that
 /// resumed and for a run whose cancel was requested '0' when it is the same or '1' and
 /// that transition, then '0' or '1' and a wait: wait JSON, step field, until or '',
 /// 'event'|'run', event name or run id, the resolution of a missing run. Answers each

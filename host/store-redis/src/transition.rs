@@ -2,6 +2,7 @@
 //! one with `read_transition` and writes it with `apply` (see scripts.rs), so the rules
 //! stay in core and Lua only stores what they decided.
 
+use wasq_core::RunStatus;
 use wasq_core::lifecycle::{Change, Execution, Transition};
 
 use crate::{Args, to_json};
@@ -17,6 +18,46 @@ pub(crate) fn alternative(args: Args, t: Option<&Transition>) -> Result<Args, St
     match t {
         None => Ok(args.s("0")),
         Some(t) => self::args(args.s("1"), Some(t)),
+    }
+}
+
+/// Stands for a success's transition in an end (finish.lua's `parse`), followed by the
+/// six values a success has of its own: output, finish time, the execution's fuel,
+/// resolution, executions and fuel counted. `read_transition` fills in the rest, which
+/// every success has alike (`wasq_core::lifecycle::finish`).
+pub(crate) const SUCCESS: &str = "S";
+
+/// Appends `t` as an end sends it: a success as [`SUCCESS`] and its six values (seven
+/// arguments where T_ARGS are sixteen: Redis hands a script its arguments one Lua string
+/// at a time, ~0.8k instructions each), anything else as [`args`].
+pub(crate) fn end_args(args: Args, t: &Transition) -> Result<Args, StoreError> {
+    match t {
+        Transition {
+            status: RunStatus::Succeeded,
+            error: Change::Clear,
+            output: Some(output),
+            due_at: None,
+            finished_at: Some(finished_at),
+            give_back_attempt: false,
+            execution:
+                Some(Execution::Close {
+                    error: None,
+                    fuel_used,
+                    suspended_until: None,
+                }),
+            resolution: Some(resolution),
+            usage,
+            wait: None,
+            clear_cancel: false,
+        } => Ok(args
+            .s(SUCCESS)
+            .b(output.clone())
+            .n(finished_at)
+            .opt_n(*fuel_used)
+            .b(resolution.to_bytes())
+            .n(usage.executions)
+            .opt_n(usage.fuel)),
+        _ => self::args(args, Some(t)),
     }
 }
 

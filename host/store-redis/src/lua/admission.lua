@@ -14,6 +14,28 @@ local function read_flow(i)
   }
 end
 
+-- The flows of plain runs (no gate, no flow keys, the default rank), by cap factor: made
+-- once, as insert_run only reads a flow.
+local PLAIN_FLOWS = {}
+local function plain_flow(enforce)
+  local fl = PLAIN_FLOWS[enforce]
+  if not fl then
+    fl = { prio = '0', offset = '0', cgate = '', climit = '', tgate = '', tlimit = '',
+      tperiod = '', rgate = '', rlimit = '', rperiod = '', dgate = '', dperiod = '',
+      keys = '', rerr = '', rres = '', derr = '', dprev = '', dres = '', enforce = enforce,
+      dver = '', drep = '0' }
+    PLAIN_FLOWS[enforce] = fl
+  end
+  return fl
+end
+-- The flow at ARGV[i] as an enqueue sends it, and where the arguments after it start:
+-- FLOW_ARGS arguments, or for a plain run 'p' and its cap factor (PLAIN_FLOW in
+-- admission.rs).
+local function read_flow_at(i)
+  if ARGV[i] ~= 'p' then return read_flow(i), i + FLOW_ARGS end
+  return plain_flow(ARGV[i + 1]), i + 2
+end
+
 -- Whether the debounce key of `fl`, or the status and attempt of the run it points to,
 -- moved since Rust read them (fl.dprev, fl.dver).
 local function debounce_moved(fl)

@@ -1,22 +1,30 @@
 -- Runs of the tenant, each admitted or refused on its own, in order (Queue::enqueue: the
 -- store sends the enqueues that arrive while its previous call is on its way together,
--- see coalesce.rs). ARGV[5]: how many; then per run RUN_ARGS arguments: id, function,
--- input, trigger, due, idempotency key, retry, its max_attempts, trace, parent, the
--- settings version Rust computed the flow from, then the flow (FLOW_ARGS).
+-- see coalesce.rs). ARGV[5]: how many; then per run: id, function, input, trigger, the
+-- settings version Rust computed the flow from; then 'P' and the cap factor for a run
+-- with nothing else set and a plain flow (PLAIN_RUN in admission.rs), or its due time,
+-- idempotency key, retry, max_attempts, trace, parent and flow (read_flow_at).
 -- The reply, flat after `ok` and the publish: each run's answer's length, then its
 -- values: `ok`, created, the stored run's fields or false, then a new queued run's `made`
 -- (status, due, digest, max_attempts, sbytes); or a refusal (`not_found`, `stale`,
 -- `quota` or a storage reply), which changed nothing. (Each table in a reply costs Redis
 -- ~3k instructions to convert: see append_run.)
-local RUN_ARGS = 11 + FLOW_ARGS
 local out, n, wake, any, added = { 'ok', false }, 2, 0, false, true
 -- The runs' index writes go out together (zdefer).
 zdefer(tonumber(ARGV[5]), true)
-for i = 1, tonumber(ARGV[5]) do
-  local o = 6 + (i - 1) * RUN_ARGS
+local o = 6
+for _ = 1, tonumber(ARGV[5]) do
+  local due, idem, retry, rmax, trace, parent, fl, after = '', '', '', '', '', ''
+  if ARGV[o + 5] == 'P' then
+    fl, after = plain_flow(ARGV[o + 6]), o + 7
+  else
+    due, idem, retry, rmax, trace, parent = ARGV[o + 5], ARGV[o + 6], ARGV[o + 7],
+      ARGV[o + 8], ARGV[o + 9], ARGV[o + 10]
+    fl, after = read_flow_at(o + 11)
+  end
   local id, created, err, woke, made = insert_run(ARGV[o], ARGV[o + 1], ARGV[o + 2],
-    ARGV[o + 3], ARGV[o + 4], ARGV[o + 5], ARGV[o + 6], ARGV[o + 7], ARGV[o + 9], ARGV[o + 8],
-    ARGV[o + 10], read_flow(o + 11))
+    ARGV[o + 3], due, idem, retry, rmax, parent, trace, ARGV[o + 4], fl)
+  o = after
   if type(err) == 'table' then
     out[n + 1] = #err
     for j = 1, #err do out[n + 1 + j] = err[j] end

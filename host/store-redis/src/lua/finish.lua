@@ -34,11 +34,11 @@ local function parse(o)
       o = o + 2
     end
   end
-  -- The outcome's transition, then for a run that resumed and for one whose cancel was
-  -- requested: '0' (the same) or '1' and that case's transition; then '0' or '1' and the
-  -- wait's arguments.
+  -- The outcome's transition (a success as 'S' and six values: read_transition), then
+  -- for a run that resumed and for one whose cancel was requested: '0' (the same) or '1'
+  -- and that case's transition; then '0' or '1' and the wait's arguments.
   e.t = o
-  o = o + T_ARGS
+  if ARGV[o] == 'S' then o = o + 7 else o = o + T_ARGS end
   for _, case in ipairs(CASES) do
     if ARGV[o] == '1' then
       e[case] = o + 1
@@ -136,13 +136,10 @@ local function plain_end(e)
     or rec.first <= rec.last)) then
     return nil
   end
+  -- A success, as an end sends one: 'S', then output, finish time, the execution's fuel,
+  -- resolution, executions and fuel counted (read_transition).
   local T = e.t
-  -- The transition's status, error mode, give-back, execution and cancel clearing
-  -- (read_transition's order).
-  if ARGV[T] ~= 'succeeded' or ARGV[T + 1] == 's' or ARGV[T + 7] ~= '0'
-    or ARGV[T + 8] ~= 'close' or ARGV[T + 15] ~= '0' then
-    return nil
-  end
+  if ARGV[T] ~= 'S' then return nil end
   local created, open, attempt = string.match(e.memo, PLAIN)
   if not open then return nil end
   local id = e.id
@@ -153,16 +150,13 @@ local function plain_end(e)
   -- A cancel's reason is stored as the error, and a step of a run with steps may be a
   -- replay: the general path.
   if h[3] == '1' or (rec and h[4] ~= '1') then return nil end
-  local hasout, out, res, fin = ARGV[T + 3] == '1', ARGV[T + 4], ARGV[T + 12], ARGV[T + 6]
+  local out, res, fin = ARGV[T + 1], ARGV[T + 4], ARGV[T + 2]
   local sbase = tonumber(h[5] or '0')
   -- What it adds, checked against the quotas before anything is written (`adding`).
-  if hasout or rec then
-    local n = 0
-    if hasout then n = mem(#out) + mem(#res) end
-    if rec then n = n + step_cost(id, rec.field, rec.out, true, true) end
-    local full = run_full(id, sbase + pending(id, 'sbytes'), n)
-    if full then return full end
-  end
+  local n = mem(#out) + mem(#res)
+  if rec then n = n + step_cost(id, rec.field, rec.out, true, true) end
+  local full = run_full(id, sbase + pending(id, 'sbytes'), n)
+  if full then return full end
   -- The run's first step; its `nosteps` is set to '0' with the fields below.
   local fields, k = {}, 0
   if rec then
@@ -170,13 +164,11 @@ local function plain_end(e)
     fields[1], fields[2], k = 'nosteps', '0', 2
   end
   -- The execution closes and counts, as `apply` has it.
-  close_attempt(id, ARGV[T + 9], ARGV[T + 10], ARGV[T + 11], open)
-  count_execution(ARGV[T + 13], ARGV[T + 14])
+  close_attempt(id, '', ARGV[T + 3], '', open)
+  count_execution(ARGV[T + 5], ARGV[T + 6])
   -- The run holds no error, finish time or resolution to drop (its memo, and it runs).
-  if hasout then fields[k + 1], fields[k + 2], k = 'output', out, k + 2 end
-  if ARGV[T + 5] ~= '' then fields[k + 1], fields[k + 2], k = 'due_at', ARGV[T + 5], k + 2 end
-  if fin ~= '' then fields[k + 1], fields[k + 2], k = 'finished_at', fin, k + 2 end
-  if res ~= '' then fields[k + 1], fields[k + 2], k = 'resolution', res, k + 2 end
+  fields[k + 1], fields[k + 2], fields[k + 3], fields[k + 4] = 'output', out, 'finished_at', fin
+  fields[k + 5], fields[k + 6], k = 'resolution', res, k + 6
   -- `move` from running to succeeded: out of the leases into its status's index.
   zadd1(stkey('succeeded'), created, id)
   zrem1(KLEASES, id)

@@ -639,6 +639,14 @@ local MINADD
 -- expiry, and `tonumber` costs a strtod.
 local LASTS, LASTN
 
+-- Notes that maintenance zset `key` got a member at `score` (a string) in this call.
+local function noted_maint(key, score)
+  if score ~= LASTS then LASTS, LASTN = score, tonumber(score) end
+  if not MINADD or LASTN < MINADD then MINADD = LASTN end
+  local h = HEADS[key]
+  if h ~= nil and (h == false or LASTN < h) then HEADS[key] = LASTN end
+end
+
 -- ZADD key [opt] score id (`score` a string, as Redis takes it).
 local function zadd_maint(key, score, id, opt)
   if opt then
@@ -647,10 +655,7 @@ local function zadd_maint(key, score, id, opt)
   else
     zadd1(key, score, id)
   end
-  if score ~= LASTS then LASTS, LASTN = score, tonumber(score) end
-  if not MINADD or LASTN < MINADD then MINADD = LASTN end
-  local h = HEADS[key]
-  if h ~= nil and (h == false or LASTN < h) then HEADS[key] = LASTN end
+  noted_maint(key, score)
 end
 
 -- The earliest score of maintenance zset `key`, read; false when it has none (the pin
@@ -815,11 +820,16 @@ local function move(id, status, fields, pre, lens, from, fname, expires, sbase)
       zadd_maint(KREADY, h[1], id)
     end
   elseif status == 'running' then
-    if not PINNED then
-      zadd1(KLEASES, '+inf', LEASE_PIN)
-      PINNED = true
+    if not PINNED and not ZB then
+      -- The pin rides in the lease's ZADD: a claim of one run (a queue that keeps up)
+      -- sends one command for both.
+      rcall('ZADD', KLEASES, '+inf', LEASE_PIN, expires, id)
+      noted_maint(KLEASES, expires)
+    else
+      if not PINNED then zadd1(KLEASES, '+inf', LEASE_PIN) end
+      zadd_maint(KLEASES, expires, id)
     end
-    zadd_maint(KLEASES, expires, id)
+    PINNED = true
   end
   if cgate and old ~= status then
     if status == 'running' then
@@ -982,6 +992,15 @@ end
 -- transition.rs); nil when ARGV[i] is '' (none sent).
 local function read_transition(i)
   if ARGV[i] == '' then return nil end
+  -- A success as an end sends it: 'S' and its own six values (SUCCESS in transition.rs).
+  if ARGV[i] == 'S' then
+    return {
+      status = 'succeeded', errmode = 'c', err = '', hasout = '1', out = ARGV[i + 1],
+      due = '', fin = ARGV[i + 2], giveback = '0', exec = 'close', eerr = '',
+      efuel = ARGV[i + 3], esusp = '', res = ARGV[i + 4], uexec = ARGV[i + 5],
+      ufuel = ARGV[i + 6], clearcancel = '0',
+    }
+  end
   return {
     status = ARGV[i], errmode = ARGV[i + 1], err = ARGV[i + 2], hasout = ARGV[i + 3],
     out = ARGV[i + 4], due = ARGV[i + 5], fin = ARGV[i + 6], giveback = ARGV[i + 7],
