@@ -527,7 +527,12 @@ end
 -- a packed hash answers an HMGET of many fields one scan per field, HGETALL in one.
 local function run_hash(id)
   local h = rcall('HGETALL', runkey(id))
-  local r = {}
+  -- Made with slots for the fields a run's hash mostly has: a table that grows one key at
+  -- a time is rehashed at every power of two.
+  local r = { status = nil, sbytes = nil, created_at = nil, nosteps = nil, due_at = nil,
+    ['function'] = nil, sv = nil, max_attempts = nil, input = nil, attempt = nil,
+    lease_token = nil, updated_at = nil, trigger = nil, qu = nil, cgate = nil,
+    resumed = nil }
   for i = 1, #h, 2 do r[h[i]] = h[i + 1] end
   return r
 end
