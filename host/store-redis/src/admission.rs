@@ -164,16 +164,17 @@ impl RedisStore {
         } else {
             Admission::Child
         };
+        let plain_flow = is_plain(plan);
         let plain_request = req.due_at.is_none()
             && req.idempotency_key.is_none()
             && req.retry.is_none()
             && req.trace.is_none()
             && req.parent.is_none();
-        if plain_request && is_plain(plan) {
+        if plain_request && plain_flow {
             return Ok(args.s(PLAIN_RUN).n(admission.cap_factor()));
         }
         let args = per_run_args(args, req, now)?.s(req.parent.as_deref().unwrap_or(""));
-        if is_plain(plan) {
+        if plain_flow {
             return Ok(args.s(PLAIN_FLOW).n(admission.cap_factor()));
         }
         let debounced = self.debounced_run(&req.tenant, plan).await?;
@@ -466,12 +467,12 @@ fn not_found(req: &EnqueueRequest) -> StoreError {
 /// arguments where the flow is FLOW_ARGS (`read_flow_at` in admission.lua). Redis hands a
 /// script its arguments as a Lua table built one string at a time, ~0.8k instructions
 /// each, and nearly every run is plain: 19 fewer cost an enqueue ~10% of its instructions.
-const PLAIN_FLOW: &str = "p";
+pub(crate) const PLAIN_FLOW: &str = "p";
 
 /// Stands in an ENQUEUE for a plain run's flow and for the request's due time,
 /// idempotency key, retry override, trace and parent, all unset; followed by its cap
 /// factor (enqueue.lua).
-const PLAIN_RUN: &str = "P";
+pub(crate) const PLAIN_RUN: &str = "P";
 
 /// A run without flow control: no gate, no flow keys, the default rank. (Its flow
 /// arguments would be `0`, `0`, then empty ones; a plan with a debounce reads no

@@ -70,6 +70,16 @@ fn placeholders() -> Vec<(&'static str, String)> {
         ),
         ("@WINDOW@", IDEMPOTENCY_WINDOW_MS.to_string()),
         ("@T_ARGS@", crate::transition::T_ARGS.to_string()),
+        ("@SUCCESS@", format!("'{}'", crate::transition::SUCCESS)),
+        (
+            "@SUCCESS_ARGS@",
+            crate::transition::SUCCESS_ARGS.to_string(),
+        ),
+        ("@PLAIN_RUN@", format!("'{}'", crate::admission::PLAIN_RUN)),
+        (
+            "@PLAIN_FLOW@",
+            format!("'{}'", crate::admission::PLAIN_FLOW),
+        ),
         (
             "@TIMED_OUT@",
             lua_bytes(&wasq_core::Resolution::TimedOut.to_bytes()),

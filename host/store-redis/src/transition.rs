@@ -26,6 +26,8 @@ pub(crate) fn alternative(args: Args, t: Option<&Transition>) -> Result<Args, St
 /// resolution, executions and fuel counted. `read_transition` fills in the rest, which
 /// every success has alike (`wasq_core::lifecycle::finish`).
 pub(crate) const SUCCESS: &str = "S";
+/// Arguments of a success as [`end_args`] sends it: [`SUCCESS`] and its six values.
+pub(crate) const SUCCESS_ARGS: usize = 7;
 
 /// Appends `t` as an end sends it: a success as [`SUCCESS`] and its six values (seven
 /// arguments where T_ARGS are sixteen: Redis hands a script its arguments one Lua string

@@ -32,7 +32,7 @@ end
 -- FLOW_ARGS arguments, or for a plain run 'p' and its cap factor (PLAIN_FLOW in
 -- admission.rs).
 local function read_flow_at(i)
-  if ARGV[i] ~= 'p' then return read_flow(i), i + FLOW_ARGS end
+  if ARGV[i] ~= @PLAIN_FLOW@ then return read_flow(i), i + FLOW_ARGS end
   return plain_flow(ARGV[i + 1]), i + 2
 end
 

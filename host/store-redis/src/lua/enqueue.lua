@@ -15,7 +15,7 @@ zdefer(tonumber(ARGV[5]), true)
 local o = 6
 for _ = 1, tonumber(ARGV[5]) do
   local due, idem, retry, rmax, trace, parent, fl, after = '', '', '', '', '', ''
-  if ARGV[o + 5] == 'P' then
+  if ARGV[o + 5] == @PLAIN_RUN@ then
     fl, after = plain_flow(ARGV[o + 6]), o + 7
   else
     due, idem, retry, rmax, trace, parent = ARGV[o + 5], ARGV[o + 6], ARGV[o + 7],

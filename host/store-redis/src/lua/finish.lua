@@ -38,7 +38,7 @@ local function parse(o)
   -- for a run that resumed and for one whose cancel was requested: '0' (the same) or '1'
   -- and that case's transition; then '0' or '1' and the wait's arguments.
   e.t = o
-  if ARGV[o] == 'S' then o = o + 7 else o = o + T_ARGS end
+  if ARGV[o] == @SUCCESS@ then o = o + @SUCCESS_ARGS@ else o = o + T_ARGS end
   for _, case in ipairs(CASES) do
     if ARGV[o] == '1' then
       e[case] = o + 1
@@ -139,7 +139,7 @@ local function plain_end(e)
   -- A success, as an end sends one: 'S', then output, finish time, the execution's fuel,
   -- resolution, executions and fuel counted (read_transition).
   local T = e.t
-  if ARGV[T] ~= 'S' then return nil end
+  if ARGV[T] ~= @SUCCESS@ then return nil end
   local created, open, attempt = string.match(e.memo, PLAIN)
   if not open then return nil end
   local id = e.id

@@ -998,7 +998,7 @@ end
 local function read_transition(i)
   if ARGV[i] == '' then return nil end
   -- A success as an end sends it: 'S' and its own six values (SUCCESS in transition.rs).
-  if ARGV[i] == 'S' then
+  if ARGV[i] == @SUCCESS@ then
     return {
       status = 'succeeded', errmode = 'c', err = '', hasout = '1', out = ARGV[i + 1],
       due = '', fin = ARGV[i + 2], giveback = '0', exec = 'close', eerr = '',
